@@ -1,0 +1,383 @@
+//! The speculative decoding loop: draft k tokens, verify them in one target call, keep the
+//! accepted prefix plus one token, roll both models back, repeat.
+
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::error::{Error, Result};
+use crate::kernel::{self, DraftRow, Verdict};
+use crate::model::{DraftModel, Proposal, TargetModel};
+use crate::sampling::{argmax, sample, SamplingConfig};
+use crate::stats::{FinishReason, Generation, Stats};
+
+/// When a generation ends: after `max_new_tokens`, or right after any of `stop_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopRule {
+    /// The most tokens to generate.
+    pub max_new_tokens: usize,
+    /// Tokens that end the generation (included in the output as its last token).
+    pub stop_tokens: Vec<u32>,
+}
+
+impl Default for StopRule {
+    /// 128 new tokens, no stop token.
+    fn default() -> Self {
+        Self { max_new_tokens: 128, stop_tokens: Vec::new() }
+    }
+}
+
+impl StopRule {
+    /// Why a generation that has produced `generated` must stop, if it must.
+    pub fn finish(&self, generated: &[u32]) -> Option<FinishReason> {
+        match generated.last() {
+            Some(t) if self.stop_tokens.contains(t) => Some(FinishReason::Stop),
+            _ if generated.len() >= self.max_new_tokens => Some(FinishReason::Length),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn check(&self, vocab: usize) -> Result<()> {
+        match self.stop_tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks a prompt against a vocabulary.
+pub(crate) fn check_prompt(prompt: &[u32], vocab: usize) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    match prompt.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
+        None => Ok(()),
+    }
+}
+
+/// The tokens of `ctx` a model holding `len` of them has not seen yet (at least one).
+pub(crate) fn pending<'a>(ctx: &'a [u32], len: usize, model: &'static str) -> Result<&'a [u32]> {
+    if len >= ctx.len() {
+        return Err(Error::BadModelOutput { model, what: "context tokens", expected: ctx.len() - 1, got: len });
+    }
+    Ok(&ctx[len..])
+}
+
+/// Runs `f` and adds its wall time to `secs`.
+pub(crate) fn timed<R>(secs: &mut f64, f: impl FnOnce() -> R) -> R {
+    let start = Instant::now();
+    let out = f();
+    *secs += start.elapsed().as_secs_f64();
+    out
+}
+
+/// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
+pub struct DecoderBuilder<D, T> {
+    draft: D,
+    target: T,
+    k: usize,
+    sampling: SamplingConfig,
+    stop: StopRule,
+}
+
+impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
+    /// Drafted tokens per round (default 4).
+    pub fn k(mut self, k: usize) -> Self {
+        self.k = k;
+        self
+    }
+
+    /// Sampling settings, applied alike to draft and target (default greedy).
+    pub fn sampling(mut self, sampling: SamplingConfig) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// The seed of the random number generator (overrides the sampling settings' seed).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.sampling = self.sampling.with_seed(seed);
+        self
+    }
+
+    /// The most tokens one generation produces (default 128).
+    pub fn max_new_tokens(mut self, n: usize) -> Self {
+        self.stop.max_new_tokens = n;
+        self
+    }
+
+    /// Tokens that end a generation, such as end-of-sequence.
+    pub fn stop_tokens(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
+        self.stop.stop_tokens = tokens.into_iter().collect();
+        self
+    }
+
+    /// Checks the settings and the model pair.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for k = 0, [`Error::VocabMismatch`] when the models disagree,
+    /// [`Error::TokenOutOfRange`] for a stop token outside the vocabulary.
+    pub fn build(self) -> Result<SpeculativeDecoder<D, T>> {
+        if self.k == 0 {
+            return Err(Error::setting("k", 0, "at least 1 drafted token per round"));
+        }
+        let (draft, target) = (self.draft.vocab_size(), self.target.vocab_size());
+        if draft != target {
+            return Err(Error::VocabMismatch { draft, target });
+        }
+        self.stop.check(target)?;
+        Ok(SpeculativeDecoder {
+            rng: StdRng::seed_from_u64(self.sampling.seed()),
+            draft: self.draft,
+            target: self.target,
+            k: self.k,
+            sampling: self.sampling,
+            stop: self.stop,
+            ctx: Vec::new(),
+            prompt_len: 0,
+            finish: None,
+            stats: Stats::default(),
+            ready: false,
+            q_rows: Vec::new(),
+        })
+    }
+}
+
+/// Exact speculative decoding of `target` with proposals from `draft`.
+///
+/// Use [`generate`](Self::generate) for a whole generation, [`generate_with`](Self::generate_with)
+/// to stream tokens as they are accepted, or [`start`](Self::start) and [`step`](Self::step) to
+/// drive it round by round. The random number generator carries on from one generation to the
+/// next; a decoder built with the same seed repeats the same sequence of generations.
+///
+/// A failed step leaves the tokens produced so far in place and both models rolled back to
+/// them, so `step` can be called again; if even the roll-back fails, `step` reports
+/// [`Error::NotReady`] until the next `start`.
+pub struct SpeculativeDecoder<D, T> {
+    draft: D,
+    target: T,
+    k: usize,
+    sampling: SamplingConfig,
+    stop: StopRule,
+    rng: StdRng,
+    ctx: Vec<u32>,
+    prompt_len: usize,
+    finish: Option<FinishReason>,
+    stats: Stats,
+    ready: bool,
+    q_rows: Vec<Vec<f32>>,
+}
+
+impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
+    /// Starts a builder with k = 4, greedy sampling, 128 new tokens and no stop token.
+    ///
+    /// # Example
+    /// ```
+    /// use specdec::{toy::MarkovModel, SpeculativeDecoder};
+    /// let (target, draft) = MarkovModel::pair(16, 0.2, 7);
+    /// let mut dec = SpeculativeDecoder::builder(draft, target).k(3).max_new_tokens(20).build()?;
+    /// assert_eq!(dec.generate(&[1, 2])?.tokens.len(), 20);
+    /// # Ok::<(), specdec::Error>(())
+    /// ```
+    pub fn builder(draft: D, target: T) -> DecoderBuilder<D, T> {
+        DecoderBuilder { draft, target, k: 4, sampling: SamplingConfig::greedy(), stop: StopRule::default() }
+    }
+
+    /// Generates from `prompt` until a stop token or `max_new_tokens`.
+    ///
+    /// # Errors
+    /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
+    pub fn generate(&mut self, prompt: &[u32]) -> Result<Generation> {
+        self.generate_with(prompt, |_| {})
+    }
+
+    /// Like [`generate`](Self::generate), calling `on_tokens` with each run of newly accepted tokens.
+    ///
+    /// # Errors
+    /// As [`generate`](Self::generate).
+    pub fn generate_with(&mut self, prompt: &[u32], mut on_tokens: impl FnMut(&[u32])) -> Result<Generation> {
+        self.start(prompt)?;
+        while self.finish.is_none() {
+            on_tokens(self.step()?);
+        }
+        Ok(Generation { tokens: self.generated().to_vec(), finish: self.finish.unwrap_or(FinishReason::Length), stats: self.stats.clone() })
+    }
+
+    /// Resets both models and feeds them the prompt (all but its last token, which the first
+    /// round feeds along with the drafts).
+    ///
+    /// # Errors
+    /// Bad prompts and model failures.
+    pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        self.ready = false;
+        check_prompt(prompt, self.target.vocab_size())?;
+        self.ctx = prompt.to_vec();
+        self.prompt_len = prompt.len();
+        self.stats = Stats::default();
+        self.finish = self.stop.finish(&[]);
+        let head = &prompt[..prompt.len() - 1];
+        let (draft, target) = (&mut self.draft, &mut self.target);
+        timed(&mut self.stats.prefill_secs, || -> Result<()> {
+            target.truncate(0)?;
+            draft.truncate(0)?;
+            if !head.is_empty() {
+                target.forward(head, 0)?;
+                draft.propose(head)?;
+            }
+            Ok(())
+        })?;
+        self.ready = true;
+        Ok(())
+    }
+
+    /// Runs one round and returns the tokens it added (empty once the generation is finished).
+    ///
+    /// # Errors
+    /// [`Error::NotReady`] before `start` or after a failed roll-back; model failures.
+    pub fn step(&mut self) -> Result<&[u32]> {
+        if !self.ready {
+            return Err(Error::NotReady("no generation in progress"));
+        }
+        if self.finish.is_some() {
+            return Ok(&[]);
+        }
+        let before = self.ctx.len();
+        let start = Instant::now();
+        let result = self.round();
+        self.stats.decode_secs += start.elapsed().as_secs_f64();
+        match result {
+            Ok(verdict) => {
+                for t in verdict.tokens {
+                    self.ctx.push(t);
+                    self.stats.new_tokens += 1;
+                    self.finish = self.stop.finish(&self.ctx[self.prompt_len..]);
+                    if self.finish.is_some() {
+                        break;
+                    }
+                }
+                Ok(&self.ctx[before..])
+            }
+            Err(e) => {
+                self.resync();
+                Err(e)
+            }
+        }
+    }
+
+    /// The tokens generated so far in the current generation.
+    pub fn generated(&self) -> &[u32] {
+        &self.ctx[self.prompt_len.min(self.ctx.len())..]
+    }
+
+    /// Why the current generation finished, if it has.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Counters and timings of the current generation.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Drafted tokens per round.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The draft model.
+    pub fn draft(&self) -> &D {
+        &self.draft
+    }
+
+    /// The target model.
+    pub fn target(&self) -> &T {
+        &self.target
+    }
+
+    /// Gives the models back.
+    pub fn into_parts(self) -> (D, T) {
+        (self.draft, self.target)
+    }
+
+    /// One round: draft, verify in one target call, roll back. Returns the verdict.
+    fn round(&mut self) -> Result<Verdict> {
+        let n = self.ctx.len();
+        let remaining = self.stop.max_new_tokens - (n - self.prompt_len);
+        let (drafted, dense) = self.draft_block(self.k.min(remaining - 1))?;
+        let verdict = self.verify(&drafted, &dense)?;
+        self.stats.drafted += drafted.len();
+        self.stats.accepted += verdict.accepted;
+        self.stats.rejections += usize::from(verdict.accepted < drafted.len());
+        // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
+        self.target.truncate(n + verdict.accepted)?;
+        if self.draft.context_len() > n + verdict.accepted {
+            self.draft.truncate(n + verdict.accepted)?;
+        }
+        Ok(verdict)
+    }
+
+    /// Drafts up to `k` tokens. Returns them and, per token, whether its `q` row is in `q_rows`
+    /// (a sampled dense proposal) rather than a point mass.
+    fn draft_block(&mut self, k: usize) -> Result<(Vec<u32>, Vec<bool>)> {
+        let vocab = self.target.vocab_size();
+        let (mut drafted, mut dense) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        self.q_rows.resize_with(k.max(self.q_rows.len()), Vec::new);
+        for i in 0..k {
+            let feed = match drafted.last() {
+                Some(t) => std::slice::from_ref(t),
+                None => pending(&self.ctx, self.draft.context_len(), "draft")?,
+            };
+            let draft = &mut self.draft;
+            let proposal = timed(&mut self.stats.draft_secs, || draft.propose(feed))?;
+            self.stats.draft_calls += 1;
+            let (token, is_dense) = match proposal {
+                Proposal::Nothing => break,
+                Proposal::Token(t) => (t, false),
+                Proposal::Logits(row) if row.len() != vocab => {
+                    return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
+                }
+                Proposal::Logits(row) if self.sampling.is_greedy() => (argmax(&row)?, false),
+                Proposal::Logits(row) => {
+                    self.sampling.probs(&row, &mut self.q_rows[i])?;
+                    (sample(&self.q_rows[i], &mut self.rng)?, true)
+                }
+            };
+            if token as usize >= vocab {
+                return Err(Error::TokenOutOfRange { token, vocab });
+            }
+            drafted.push(token);
+            dense.push(is_dense);
+        }
+        Ok((drafted, dense))
+    }
+
+    /// Scores the pending token and the drafts in one target call and judges them.
+    fn verify(&mut self, drafted: &[u32], dense: &[bool]) -> Result<Verdict> {
+        let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
+        feed.extend_from_slice(drafted);
+        let target = &mut self.target;
+        let logits = timed(&mut self.stats.target_secs, || target.forward(&feed, feed.len()))?;
+        self.stats.target_calls += 1;
+        let vocab = self.target.vocab_size();
+        if logits.rows() != drafted.len() + 1 || logits.vocab() != vocab {
+            let (expected, got) = if logits.vocab() != vocab { (vocab, logits.vocab()) } else { (drafted.len() + 1, logits.rows()) };
+            return Err(Error::BadModelOutput { model: "target", what: "logits rows or row length", expected, got });
+        }
+        if self.sampling.is_greedy() {
+            return kernel::verify_greedy(drafted, |i| argmax(logits.row(i)));
+        }
+        let q: Vec<DraftRow> =
+            dense.iter().zip(&self.q_rows).map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point }).collect();
+        let sampling = &self.sampling;
+        kernel::verify_block(drafted, &q, |i, buf| sampling.probs(logits.row(i), buf), &mut self.rng)
+    }
+
+    /// After a failure, rolls both models back to the tokens kept so far.
+    fn resync(&mut self) {
+        let keep = self.ctx.len() - 1;
+        let target_ok = self.target.context_len() <= keep || self.target.truncate(keep).is_ok();
+        let draft_ok = self.draft.context_len() <= keep || self.draft.truncate(keep).is_ok();
+        self.ready = target_ok && draft_ok && self.target.context_len() == keep;
+    }
+}

@@ -1,0 +1,97 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `specdec`, with the values that were wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The draft and the target disagree on the vocabulary size.
+    #[error("vocabulary mismatch: the draft has {draft} tokens, the target {target}")]
+    VocabMismatch { draft: usize, target: usize },
+
+    /// The draft and the target use different tokenizers (their token maps differ).
+    #[error("tokenizer mismatch: draft `{draft}` and target `{target}` map tokens differently ({detail})")]
+    TokenizerMismatch { draft: String, target: String, detail: String },
+
+    /// A setting is out of its valid range.
+    #[error("invalid setting `{name}` = {value}: {expected}")]
+    InvalidSetting { name: &'static str, value: String, expected: &'static str },
+
+    /// The prompt holds no tokens.
+    #[error("the prompt is empty: at least one token is needed to condition on")]
+    EmptyPrompt,
+
+    /// A token id is not in the vocabulary.
+    #[error("token {token} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfRange { token: u32, vocab: usize },
+
+    /// The context would grow past what the model supports.
+    #[error("context of {len} tokens exceeds the model's maximum of {max}")]
+    ContextTooLong { len: usize, max: usize },
+
+    /// A logits row holds NaN or infinity where a finite value is needed.
+    #[error("logits row holds a non-finite value ({value}) at token {index}")]
+    NonFiniteLogits { index: usize, value: f32 },
+
+    /// Every token of a row was filtered out or had zero probability.
+    #[error("a probability row has no mass left to sample from")]
+    EmptyDistribution,
+
+    /// A model returned the wrong number of rows or a row of the wrong length.
+    #[error("model `{model}` returned {got} {what}, expected {expected}")]
+    BadModelOutput { model: &'static str, what: &'static str, expected: usize, got: usize },
+
+    /// A model was asked to roll back to a length it does not have.
+    #[error("cannot truncate a context of {len} tokens to {to}")]
+    BadTruncate { len: usize, to: usize },
+
+    /// A previous failure left the decoder's models out of step; `start` must be called again.
+    #[error("the decoder needs a new `start` ({0})")]
+    NotReady(&'static str),
+
+    /// A model file is missing, truncated, corrupt or of a kind we cannot read.
+    #[error("cannot load model from {path}: {reason}")]
+    Load { path: PathBuf, reason: String },
+
+    /// The model's architecture is not one this crate implements.
+    #[error("unsupported architecture `{0}` (supported: llama-family models)")]
+    UnsupportedArchitecture(String),
+
+    /// A tensor the architecture needs is absent from the file.
+    #[error("tensor `{0}` is missing from the model file")]
+    MissingTensor(String),
+
+    /// The tokenizer could not be built or failed to encode/decode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// A Hugging Face hub download or cache lookup failed.
+    #[error("hub: {0}")]
+    Hub(String),
+
+    /// The requested device cannot be used by this build or machine.
+    #[error("device `{device}` is not available: {reason}")]
+    DeviceUnavailable { device: String, reason: String },
+
+    /// A tool registered for speculation failed, panicked or was misused.
+    #[error("tool `{tool}`: {reason}")]
+    Tool { tool: String, reason: String },
+
+    /// An error from candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// An I/O error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Shorthand for [`Error::InvalidSetting`].
+    pub fn setting(name: &'static str, value: impl std::fmt::Display, expected: &'static str) -> Self {
+        Error::InvalidSetting { name, value: value.to_string(), expected }
+    }
+}

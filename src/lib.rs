@@ -1,0 +1,54 @@
+//! # specdec: exact speculative decoding on candle
+//!
+//! A small, cheap **draft** proposes `k` tokens; the **target** scores all `k + 1` positions in
+//! one forward pass; each drafted token `t ~ q` is accepted with probability `min(1, p(t)/q(t))`;
+//! at the first rejection a replacement is drawn from the residual `max(0, p − q)/Σ`; if all `k`
+//! pass, one bonus token comes from the target's last row. The tokens emitted are distributed
+//! exactly as if the target had sampled alone, so the only change is speed.
+//!
+//! References: Leviathan, Kalman and Matias, *Fast Inference from Transformers via Speculative
+//! Decoding*, ICML 2023 (arXiv 2211.17192); Chen et al., *Accelerating Large Language Model
+//! Decoding with Speculative Sampling*, 2023 (arXiv 2302.01318).
+//!
+//! ## Quick start (toy models)
+//! ```
+//! use specdec::{toy::MarkovModel, SamplingConfig, SpeculativeDecoder};
+//!
+//! // A target and a noisy copy of it as the draft, over 32 tokens.
+//! let (target, draft) = MarkovModel::pair(32, 0.1, 42);
+//! let sampling = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(7);
+//! let mut decoder = SpeculativeDecoder::builder(draft, target)
+//!     .k(4)
+//!     .sampling(sampling)
+//!     .max_new_tokens(64)
+//!     .build()?;
+//! let out = decoder.generate(&[0, 5, 9])?;
+//! assert_eq!(out.tokens.len(), 64);
+//! println!("α = {:.2}, {:.2} tokens per target call", out.stats.acceptance_rate(),
+//!          out.stats.tokens_per_target_call());
+//! # Ok::<(), specdec::Error>(())
+//! ```
+//!
+//! ## Where things are
+//! - [`kernel`]: the accept/reject rule on probability rows (pure, RNG passed in).
+//! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
+//! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
+//! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
+//! - [`stats`]: counters, timings and the seed's speedup formulas.
+//! - [`toy`]: Markov-chain models for tests and simulation.
+
+pub mod decoder;
+pub mod error;
+pub mod kernel;
+pub mod model;
+pub mod plain;
+pub mod sampling;
+pub mod stats;
+pub mod toy;
+
+pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
+pub use error::{Error, Result};
+pub use model::{DraftModel, Logits, Proposal, TargetModel};
+pub use plain::PlainDecoder;
+pub use sampling::SamplingConfig;
+pub use stats::{FinishReason, Generation, Stats};

@@ -1,0 +1,111 @@
+//! Plain autoregressive decoding of a [`TargetModel`]: one target call per token, the baseline
+//! every speedup is measured against.
+
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::decoder::{check_prompt, pending, timed, StopRule};
+use crate::error::{Error, Result};
+use crate::model::TargetModel;
+use crate::sampling::{argmax, sample, SamplingConfig};
+use crate::stats::{FinishReason, Generation, Stats};
+
+/// Samples one token per target call with the given settings.
+///
+/// # Example
+/// ```
+/// use specdec::{toy::MarkovModel, PlainDecoder, SamplingConfig};
+/// let (target, _) = MarkovModel::pair(16, 0.2, 7);
+/// let mut plain = PlainDecoder::new(target, SamplingConfig::greedy()).max_new_tokens(10);
+/// assert_eq!(plain.generate(&[1, 2])?.tokens.len(), 10);
+/// # Ok::<(), specdec::Error>(())
+/// ```
+pub struct PlainDecoder<T> {
+    target: T,
+    sampling: SamplingConfig,
+    stop: StopRule,
+    rng: StdRng,
+    probs: Vec<f32>,
+}
+
+impl<T: TargetModel> PlainDecoder<T> {
+    /// A decoder with 128 new tokens and no stop token.
+    pub fn new(target: T, sampling: SamplingConfig) -> Self {
+        Self { rng: StdRng::seed_from_u64(sampling.seed()), target, sampling, stop: StopRule::default(), probs: Vec::new() }
+    }
+
+    /// The most tokens one generation produces.
+    pub fn max_new_tokens(mut self, n: usize) -> Self {
+        self.stop.max_new_tokens = n;
+        self
+    }
+
+    /// Tokens that end a generation.
+    pub fn stop_tokens(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
+        self.stop.stop_tokens = tokens.into_iter().collect();
+        self
+    }
+
+    /// The target model.
+    pub fn target(&self) -> &T {
+        &self.target
+    }
+
+    /// Gives the model back.
+    pub fn into_inner(self) -> T {
+        self.target
+    }
+
+    /// Generates from `prompt`.
+    ///
+    /// # Errors
+    /// Bad prompts, stop tokens outside the vocabulary, model failures.
+    pub fn generate(&mut self, prompt: &[u32]) -> Result<Generation> {
+        self.generate_with(prompt, |_| {})
+    }
+
+    /// Like [`generate`](Self::generate), calling `on_token` with each new token.
+    ///
+    /// # Errors
+    /// As [`generate`](Self::generate).
+    pub fn generate_with(&mut self, prompt: &[u32], mut on_token: impl FnMut(u32)) -> Result<Generation> {
+        let vocab = self.target.vocab_size();
+        check_prompt(prompt, vocab)?;
+        self.stop.check(vocab)?;
+        let mut stats = Stats::default();
+        let target = &mut self.target;
+        timed(&mut stats.prefill_secs, || -> Result<()> {
+            target.truncate(0)?;
+            if prompt.len() > 1 {
+                target.forward(&prompt[..prompt.len() - 1], 0)?;
+            }
+            Ok(())
+        })?;
+        let mut ctx = prompt.to_vec();
+        let start = Instant::now();
+        let mut finish = self.stop.finish(&[]);
+        while finish.is_none() {
+            let feed = pending(&ctx, self.target.context_len(), "target")?;
+            let target = &mut self.target;
+            let logits = timed(&mut stats.target_secs, || target.forward(feed, 1))?;
+            stats.target_calls += 1;
+            if logits.rows() != 1 || logits.vocab() != vocab {
+                return Err(Error::BadModelOutput { model: "target", what: "logits rows", expected: 1, got: logits.rows() });
+            }
+            let token = if self.sampling.is_greedy() {
+                argmax(logits.row(0))?
+            } else {
+                self.sampling.probs(logits.row(0), &mut self.probs)?;
+                sample(&self.probs, &mut self.rng)?
+            };
+            ctx.push(token);
+            stats.new_tokens += 1;
+            on_token(token);
+            finish = self.stop.finish(&ctx[prompt.len()..]);
+        }
+        stats.decode_secs = start.elapsed().as_secs_f64();
+        Ok(Generation { tokens: ctx[prompt.len()..].to_vec(), finish: finish.unwrap_or(FinishReason::Length), stats })
+    }
+}

@@ -1,0 +1,327 @@
+//! Sampling settings shared by the draft and the target, and the one function that turns a
+//! logits row into the probability row those settings define.
+//!
+//! Exactness needs the draft's `q` and the target's `p` to go through the *same* processing
+//! (temperature, then top-k, then top-p): the seed's pitfall is a mismatch that silently biases
+//! the output. [`SamplingConfig::probs`] is that processing, used for both.
+
+use rand::{Rng, RngExt};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Temperature, top-k, top-p and seed, validated when built.
+///
+/// Temperature 0 means greedy decoding (argmax); top-k and top-p then change nothing.
+///
+/// # Example
+/// ```
+/// use specdec::SamplingConfig;
+/// let cfg = SamplingConfig::new(0.8)?.with_top_k(40)?.with_top_p(0.95)?.with_seed(7);
+/// assert!(!cfg.is_greedy());
+/// assert!(SamplingConfig::new(-1.0).is_err());
+/// # Ok::<(), specdec::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SamplingConfig {
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    seed: u64,
+}
+
+impl Default for SamplingConfig {
+    /// Greedy decoding, seed 0.
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+impl SamplingConfig {
+    /// Greedy decoding (temperature 0).
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0 }
+    }
+
+    /// Sampling at `temperature` (0 = greedy).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when the temperature is negative, NaN or infinite.
+    pub fn new(temperature: f32) -> Result<Self> {
+        if !temperature.is_finite() || temperature < 0.0 {
+            return Err(Error::setting("temperature", temperature, "a finite number >= 0 (0 = greedy)"));
+        }
+        Ok(Self { temperature, ..Self::greedy() })
+    }
+
+    /// Keep only the `k` most likely tokens.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `k` is 0.
+    pub fn with_top_k(mut self, k: usize) -> Result<Self> {
+        if k == 0 {
+            return Err(Error::setting("top_k", k, "at least 1"));
+        }
+        self.top_k = Some(k);
+        Ok(self)
+    }
+
+    /// Keep the smallest set of most likely tokens whose probability reaches `p` (nucleus sampling).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `p` is not in (0, 1].
+    pub fn with_top_p(mut self, p: f32) -> Result<Self> {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(Error::setting("top_p", p, "a number in (0, 1]"));
+        }
+        self.top_p = if p < 1.0 { Some(p) } else { None };
+        Ok(self)
+    }
+
+    /// The seed of the decoder's random number generator.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The temperature (0 = greedy).
+    pub fn temperature(&self) -> f32 {
+        self.temperature
+    }
+
+    /// The top-k setting, if any.
+    pub fn top_k(&self) -> Option<usize> {
+        self.top_k
+    }
+
+    /// The top-p setting, if any (1.0 is stored as none).
+    pub fn top_p(&self) -> Option<f32> {
+        self.top_p
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// True at temperature 0.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Turns a logits row into the probability row these settings sample from, written to `out`:
+    /// divide by the temperature, keep the top-k, softmax, keep the top-p nucleus, renormalize.
+    /// Ties are broken by the lower token id, so the result is a pure function of the row.
+    /// `-inf` logits are allowed (masked tokens); NaN and `+inf` are not.
+    ///
+    /// At temperature 0 this returns the one-hot row of the argmax, the distribution greedy
+    /// decoding samples from.
+    ///
+    /// # Errors
+    /// [`Error::NonFiniteLogits`] for NaN or `+inf`; [`Error::EmptyDistribution`] when every logit is `-inf`.
+    pub fn probs(&self, logits: &[f32], out: &mut Vec<f32>) -> Result<()> {
+        out.clear();
+        if self.is_greedy() {
+            let best = argmax(logits)?;
+            out.resize(logits.len(), 0.0);
+            out[best as usize] = 1.0;
+            return Ok(());
+        }
+        let inv_t = 1.0 / self.temperature;
+        let mut max = f32::NEG_INFINITY;
+        for (i, &x) in logits.iter().enumerate() {
+            check_logit(i, x)?;
+            max = max.max(x * inv_t);
+        }
+        if max == f32::NEG_INFINITY {
+            return Err(Error::EmptyDistribution);
+        }
+        let cutoff = match self.top_k {
+            Some(k) if k < logits.len() => Some(kth_largest(logits, k)),
+            _ => None,
+        };
+        out.extend(logits.iter().enumerate().map(|(i, &x)| {
+            let kept = cutoff.is_none_or(|c| ranks_above(x, i, c));
+            if kept { (x * inv_t - max).exp() } else { 0.0 }
+        }));
+        if let Some(p) = self.top_p {
+            keep_nucleus(out, p as f64);
+        }
+        normalize(out)
+    }
+}
+
+/// Rejects NaN and `+inf`; `-inf` is a masked token.
+fn check_logit(index: usize, value: f32) -> Result<()> {
+    if value.is_nan() || value == f32::INFINITY {
+        return Err(Error::NonFiniteLogits { index, value });
+    }
+    Ok(())
+}
+
+/// The index of the largest logit (the lowest index among ties).
+///
+/// # Errors
+/// [`Error::NonFiniteLogits`] for NaN or `+inf`; [`Error::EmptyDistribution`] for an empty or all `-inf` row.
+pub fn argmax(logits: &[f32]) -> Result<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in logits.iter().enumerate() {
+        check_logit(i, x)?;
+        if x > f32::NEG_INFINITY && best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map(|(i, _)| i as u32).ok_or(Error::EmptyDistribution)
+}
+
+/// Draws an index with probability proportional to `probs` (sums in f64; need not be normalized).
+///
+/// # Errors
+/// [`Error::EmptyDistribution`] when the row has no positive, finite mass.
+pub fn sample<R: Rng + ?Sized>(probs: &[f32], rng: &mut R) -> Result<u32> {
+    let total: f64 = probs.iter().map(|&x| x as f64).sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return Err(Error::EmptyDistribution);
+    }
+    Ok(sample_weighted(probs.iter().map(|&x| x as f64), total, rng))
+}
+
+/// Inverse-CDF draw from non-negative `weights` summing to `total`. Falls back to the last
+/// positive weight when rounding leaves the target just past the end.
+pub(crate) fn sample_weighted<R, I>(weights: I, total: f64, rng: &mut R) -> u32
+where
+    R: Rng + ?Sized,
+    I: Iterator<Item = f64>,
+{
+    let target = rng.random::<f64>() * total;
+    let mut acc = 0.0;
+    let mut last_positive = 0;
+    for (i, w) in weights.enumerate() {
+        if w > 0.0 {
+            acc += w;
+            last_positive = i;
+            if target < acc {
+                return i as u32;
+            }
+        }
+    }
+    last_positive as u32
+}
+
+/// Token order used by top-k and top-p: higher value first, then lower index.
+fn ranks_above(x: f32, i: usize, (cx, ci): (f32, usize)) -> bool {
+    x > cx || (x == cx && i <= ci)
+}
+
+/// The (value, index) of the k-th ranked token; `k` is in 1..=len.
+fn kth_largest(logits: &[f32], k: usize) -> (f32, usize) {
+    let mut order: Vec<(f32, usize)> = logits.iter().copied().zip(0..).collect();
+    let (_, kth, _) = order.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    *kth
+}
+
+/// Zeroes every token outside the smallest top set whose mass reaches `top_p` of the total.
+fn keep_nucleus(weights: &mut [f32], top_p: f64) {
+    let total: f64 = weights.iter().map(|&w| w as f64).sum();
+    // Tokens below `floor` hold less than (1 - top_p) of the mass together, so the nucleus lies
+    // among the tokens at or above it: only those need sorting.
+    let floor = ((1.0 - top_p) * total / (2.0 * weights.len() as f64)) as f32;
+    let mut candidates: Vec<(f32, usize)> =
+        weights.iter().copied().zip(0..).filter(|&(w, _)| w > 0.0 && w >= floor).collect();
+    candidates.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut acc = 0.0;
+    let mut keep = candidates.len();
+    for (n, &(w, _)) in candidates.iter().enumerate() {
+        acc += w as f64;
+        if acc >= top_p * total {
+            keep = n + 1;
+            break;
+        }
+    }
+    let last = candidates.get(keep.saturating_sub(1)).copied();
+    for (i, w) in weights.iter_mut().enumerate() {
+        if last.is_some_and(|c| !ranks_above(*w, i, c)) {
+            *w = 0.0;
+        }
+    }
+}
+
+/// Scales `weights` to sum to one.
+fn normalize(weights: &mut [f32]) -> Result<()> {
+    let total: f64 = weights.iter().map(|&w| w as f64).sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return Err(Error::EmptyDistribution);
+    }
+    let inv = (1.0 / total) as f32;
+    weights.iter_mut().for_each(|w| *w *= inv);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probs(cfg: &SamplingConfig, logits: &[f32]) -> Vec<f32> {
+        let mut out = Vec::new();
+        cfg.probs(logits, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn greedy_is_one_hot_argmax() {
+        assert_eq!(probs(&SamplingConfig::greedy(), &[0.0, 3.0, 3.0, -1.0]), vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn temperature_one_is_softmax() {
+        let p = probs(&SamplingConfig::new(1.0).unwrap(), &[0.0, (2.0f32).ln()]);
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_k_keeps_k_tokens_and_breaks_ties_by_id() {
+        let cfg = SamplingConfig::new(1.0).unwrap().with_top_k(2).unwrap();
+        let p = probs(&cfg, &[1.0, 2.0, 2.0, 2.0]);
+        assert_eq!(p.iter().filter(|&&x| x > 0.0).count(), 2);
+        assert!(p[1] > 0.0 && p[2] > 0.0 && p[3] == 0.0);
+    }
+
+    #[test]
+    fn top_p_keeps_smallest_reaching_set() {
+        let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        let cfg = SamplingConfig::new(1.0).unwrap().with_top_p(0.79).unwrap();
+        let p = probs(&cfg, &logits);
+        assert!((p[0] - 0.625).abs() < 1e-6 && (p[1] - 0.375).abs() < 1e-6);
+        assert_eq!(&p[2..], &[0.0, 0.0]);
+        let cfg = SamplingConfig::new(1.0).unwrap().with_top_p(0.81).unwrap();
+        assert!(probs(&cfg, &logits)[2] > 0.0);
+    }
+
+    #[test]
+    fn masked_tokens_stay_masked() {
+        let p = probs(&SamplingConfig::new(0.7).unwrap(), &[f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY]);
+        assert_eq!(p, vec![0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn bad_rows_are_errors() {
+        let cfg = SamplingConfig::new(1.0).unwrap();
+        let mut out = Vec::new();
+        assert!(matches!(cfg.probs(&[0.0, f32::NAN], &mut out), Err(Error::NonFiniteLogits { index: 1, .. })));
+        assert!(matches!(cfg.probs(&[f32::INFINITY], &mut out), Err(Error::NonFiniteLogits { .. })));
+        assert!(matches!(cfg.probs(&[f32::NEG_INFINITY; 3], &mut out), Err(Error::EmptyDistribution)));
+        assert!(matches!(argmax(&[]), Err(Error::EmptyDistribution)));
+        assert!(matches!(sample(&[0.0, 0.0], &mut rand::rng()), Err(Error::EmptyDistribution)));
+    }
+
+    #[test]
+    fn bad_settings_are_errors() {
+        assert!(SamplingConfig::new(f32::NAN).is_err());
+        assert!(SamplingConfig::new(-0.1).is_err());
+        assert!(SamplingConfig::new(f32::INFINITY).is_err());
+        assert!(SamplingConfig::greedy().with_top_k(0).is_err());
+        assert!(SamplingConfig::greedy().with_top_p(0.0).is_err());
+        assert!(SamplingConfig::greedy().with_top_p(1.5).is_err());
+        assert!(SamplingConfig::greedy().with_top_p(f32::NAN).is_err());
+    }
+}

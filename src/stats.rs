@@ -1,0 +1,150 @@
+//! What a generation produced and what it cost, plus the seed's speedup formulas.
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// Why a generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_new_tokens` tokens were produced.
+    Length,
+    /// A stop token was produced (it is the last token of the output).
+    Stop,
+}
+
+/// Counters and timings of one generation. Times are in seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Tokens generated (the prompt not counted).
+    pub new_tokens: usize,
+    /// Target forward calls after the prefill (one per speculative round).
+    pub target_calls: usize,
+    /// Draft `propose` calls after the prefill.
+    pub draft_calls: usize,
+    /// Tokens the draft proposed.
+    pub drafted: usize,
+    /// Drafted tokens the target accepted.
+    pub accepted: usize,
+    /// Rounds that ended in a rejection (as opposed to a fully accepted block).
+    pub rejections: usize,
+    /// Seconds spent in the prefill of both models.
+    pub prefill_secs: f64,
+    /// Seconds spent in draft calls.
+    pub draft_secs: f64,
+    /// Seconds spent in target calls (after the prefill).
+    pub target_secs: f64,
+    /// Seconds from the end of the prefill to the last token.
+    pub decode_secs: f64,
+}
+
+impl Stats {
+    /// Fraction of drafted tokens that were accepted (the figure peers print).
+    pub fn acceptance_rate(&self) -> f64 {
+        ratio(self.accepted, self.drafted)
+    }
+
+    /// Per-position acceptance probability: accepted / (accepted + rejections). This is the α of
+    /// the seed's geometric model (each drafted position passes with probability α once reached),
+    /// and the estimate its formulas need; `acceptance_rate` undercounts it because positions
+    /// after a rejection are never tested.
+    pub fn position_acceptance(&self) -> f64 {
+        ratio(self.accepted, self.accepted + self.rejections)
+    }
+
+    /// New tokens per target call.
+    pub fn tokens_per_target_call(&self) -> f64 {
+        ratio(self.new_tokens, self.target_calls)
+    }
+
+    /// Mean drafted tokens per round.
+    pub fn mean_k(&self) -> f64 {
+        ratio(self.drafted, self.target_calls)
+    }
+
+    /// c: mean time of a draft call over mean time of a target (verification) call.
+    pub fn cost_ratio(&self) -> f64 {
+        let draft = self.draft_secs / self.draft_calls.max(1) as f64;
+        let target = self.target_secs / self.target_calls.max(1) as f64;
+        if target > 0.0 { draft / target } else { 0.0 }
+    }
+
+    /// Decoding speed in tokens per second (prefill excluded).
+    pub fn tokens_per_sec(&self) -> f64 {
+        if self.decode_secs > 0.0 { self.new_tokens as f64 / self.decode_secs } else { 0.0 }
+    }
+
+    /// The seed's S(k, α, c) at the mean k, the per-position α and the measured c.
+    pub fn predicted_speedup(&self) -> f64 {
+        predicted_speedup(self.mean_k(), self.position_acceptance(), self.cost_ratio())
+    }
+
+    /// The counters, the timings and every derived figure above, as JSON.
+    pub fn to_json(&self) -> Value {
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            let derived = json!({
+                "acceptance_rate": self.acceptance_rate(),
+                "position_acceptance": self.position_acceptance(),
+                "tokens_per_target_call": self.tokens_per_target_call(),
+                "mean_k": self.mean_k(),
+                "cost_ratio": self.cost_ratio(),
+                "tokens_per_sec": self.tokens_per_sec(),
+                "predicted_speedup": self.predicted_speedup(),
+            });
+            if let Value::Object(d) = derived {
+                m.extend(d);
+            }
+        }
+        v
+    }
+}
+
+/// Tokens generated and what it took.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Generation {
+    /// The new tokens (a stop token, when one ended the generation, is the last).
+    pub tokens: Vec<u32>,
+    /// Why it stopped.
+    pub finish: FinishReason,
+    /// Counters and timings.
+    pub stats: Stats,
+}
+
+/// Expected tokens per target call with a block of `k` drafts accepted with probability `alpha`
+/// each: (1 − α^(k+1)) / (1 − α), which tends to k + 1 as α → 1. `k` may be fractional (a mean).
+pub fn expected_tokens_per_call(k: f64, alpha: f64) -> f64 {
+    if alpha >= 1.0 - 1e-12 {
+        k + 1.0
+    } else {
+        (1.0 - alpha.powf(k + 1.0)) / (1.0 - alpha)
+    }
+}
+
+/// The seed's speedup S(k, α, c) = (1 − α^(k+1)) / ((1 − α)(k·c + 1)): tokens per call over the
+/// cost of k draft calls and one target call that costs the same as a single-token step.
+pub fn predicted_speedup(k: f64, alpha: f64, c: f64) -> f64 {
+    predicted_speedup_with_verify(k, alpha, c, 1.0)
+}
+
+/// S with the verification cost included: tokens per call / (k·c + v), where v is the cost of
+/// the (k+1)-token target call in units of a one-token step.
+pub fn predicted_speedup_with_verify(k: f64, alpha: f64, c: f64, v: f64) -> f64 {
+    expected_tokens_per_call(k, alpha) / (k * c + v)
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_formula_values() {
+        assert!((predicted_speedup(4.0, 1.0, 0.15) - 3.125).abs() < 1e-12);
+        assert!((expected_tokens_per_call(4.0, 0.416) - 1.6911).abs() < 1e-3);
+        assert!((expected_tokens_per_call(3.0, 0.0) - 1.0).abs() < 1e-12);
+    }
+}
