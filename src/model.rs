@@ -120,7 +120,11 @@ impl<M: TargetModel> DraftModel for M {
     }
 
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        Ok(Proposal::Logits(self.forward(tokens, 1)?.into_last_row()))
+        let logits = self.forward(tokens, 1)?;
+        if logits.rows() != 1 {
+            return Err(Error::BadModelOutput { model: "draft", what: "logits rows", expected: 1, got: logits.rows() });
+        }
+        Ok(Proposal::Logits(logits.into_last_row()))
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {

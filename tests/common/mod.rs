@@ -1,0 +1,112 @@
+//! Shared helpers for the statistical tests: a chi-square goodness-of-fit test with a fixed
+//! significance, and exact window distributions of the toy models.
+#![allow(dead_code)]
+
+use specdec::toy::MarkovModel;
+use specdec::SamplingConfig;
+use statrs::distribution::{ChiSquared, ContinuousCDF};
+
+/// Every goodness-of-fit test here rejects below this p-value: with fixed seeds it never
+/// flakes, and even with fresh seeds a false alarm would come once in a million runs.
+pub const SIGNIFICANCE: f64 = 1e-6;
+
+/// The result of a Pearson chi-square test.
+#[derive(Debug)]
+pub struct Fit {
+    pub statistic: f64,
+    pub df: usize,
+    pub p_value: f64,
+}
+
+/// Pearson's chi-square of `counts` against `probs`. Cells expected to hold fewer than 5 counts
+/// are pooled into one cell so the chi-square approximation holds. A count in a cell of
+/// probability zero makes the statistic infinite (p-value 0).
+pub fn chi_square(counts: &[u64], probs: &[f64]) -> Fit {
+    assert_eq!(counts.len(), probs.len());
+    let n: u64 = counts.iter().sum();
+    let (mut stat, mut cells) = (0.0, 0);
+    let (mut pooled_obs, mut pooled_exp) = (0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(probs) {
+        let expected = p * n as f64;
+        if expected < 5.0 {
+            pooled_obs += c as f64;
+            pooled_exp += expected;
+            if p == 0.0 && c > 0 {
+                return Fit { statistic: f64::INFINITY, df: 1, p_value: 0.0 };
+            }
+        } else {
+            stat += (c as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    if pooled_exp > 0.0 {
+        stat += (pooled_obs - pooled_exp).powi(2) / pooled_exp;
+        cells += 1;
+    }
+    let df = cells.max(2) - 1;
+    let p_value = ChiSquared::new(df as f64).map(|d| d.sf(stat)).unwrap_or(0.0);
+    Fit { statistic: stat, df, p_value }
+}
+
+/// Panics with the test's figures when `counts` do not fit `probs` at [`SIGNIFICANCE`].
+pub fn assert_fits(what: &str, counts: &[u64], probs: &[f64]) {
+    let fit = chi_square(counts, probs);
+    eprintln!("{what}: chi-square {:.1} on {} df, p = {:.3}", fit.statistic, fit.df, fit.p_value);
+    assert!(fit.p_value >= SIGNIFICANCE, "{what}: chi-square {:.1} on {} df, p = {:.3e} < {SIGNIFICANCE:e}", fit.statistic, fit.df, fit.p_value);
+}
+
+/// Panics unless the statistic rejects `counts` (the power check on a biased sampler).
+pub fn assert_rejects(what: &str, counts: &[u64], probs: &[f64]) {
+    let fit = chi_square(counts, probs);
+    eprintln!("{what} (biased): chi-square {:.1} on {} df, p = {:.3e}", fit.statistic, fit.df, fit.p_value);
+    assert!(fit.p_value < SIGNIFICANCE, "{what}: a biased sampler passed: chi-square {:.1} on {} df, p = {:.3e}", fit.statistic, fit.df, fit.p_value);
+}
+
+/// The row `target` samples from after `context`, processed by `cfg`, in f64.
+pub fn processed_row(target: &MarkovModel, cfg: &SamplingConfig, context: &[u32]) -> Vec<f64> {
+    let logits: Vec<f32> = target.next_probs(context).iter().map(|p| p.ln()).collect();
+    let mut probs = Vec::new();
+    cfg.probs(&logits, &mut probs).expect("toy rows are finite");
+    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    probs.iter().map(|&p| p as f64 / total).collect()
+}
+
+/// The exact distribution of generated tokens `start..start + len` when `target` (order at most 2)
+/// samples with `cfg` after `prompt` (at least 2 tokens). Cell index: the tokens as base-V digits.
+pub fn exact_window(target: &MarkovModel, cfg: &SamplingConfig, prompt: &[u32], start: usize, len: usize) -> Vec<f64> {
+    let v = target.vocab();
+    // Distribution over the last two tokens of the context.
+    let mut state = vec![0.0; v * v];
+    state[prompt[prompt.len() - 2] as usize * v + prompt[prompt.len() - 1] as usize] = 1.0;
+    for _ in 0..start {
+        let mut next = vec![0.0; v * v];
+        for (s, &w) in state.iter().enumerate().filter(|(_, &w)| w > 0.0) {
+            let row = processed_row(target, cfg, &[(s / v) as u32, (s % v) as u32]);
+            for (t, &p) in row.iter().enumerate() {
+                next[(s % v) * v + t] += w * p;
+            }
+        }
+        state = next;
+    }
+    let mut out = vec![0.0; v.pow(len as u32)];
+    for (s, &w) in state.iter().enumerate().filter(|(_, &w)| w > 0.0) {
+        window(target, cfg, [(s / v) as u32, (s % v) as u32], len, 0, w, &mut out);
+    }
+    out
+}
+
+fn window(target: &MarkovModel, cfg: &SamplingConfig, last: [u32; 2], left: usize, cell: usize, w: f64, out: &mut [f64]) {
+    if left == 0 {
+        out[cell] += w;
+        return;
+    }
+    let v = target.vocab();
+    for (t, &p) in processed_row(target, cfg, &last).iter().enumerate().filter(|(_, &p)| p > 0.0) {
+        window(target, cfg, [last[1], t as u32], left - 1, cell * v + t, w * p, out);
+    }
+}
+
+/// The cell of `tokens[start..start + len]` in an [`exact_window`] table.
+pub fn cell(tokens: &[u32], start: usize, len: usize, vocab: usize) -> usize {
+    tokens[start..start + len].iter().fold(0, |c, &t| c * vocab + t as usize)
+}

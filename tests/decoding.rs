@@ -1,0 +1,90 @@
+//! Greedy speculative decoding equals plain greedy decoding token for token; seeded sampling
+//! is reproducible; streaming delivers exactly the output; stop tokens and limits hold.
+
+use specdec::toy::{MarkovModel, PointDraft};
+use specdec::{FinishReason, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
+
+#[test]
+fn greedy_speculative_equals_plain_greedy() -> Result<()> {
+    for seed in 0..40u64 {
+        let vocab = 4 + (seed as usize % 29);
+        let order = 1 + (seed as usize % 2);
+        let target = MarkovModel::random(vocab, order, seed);
+        let draft = target.noisy_copy(0.1 + 0.02 * seed as f32, seed + 100);
+        let prompt: Vec<u32> = (0..1 + seed % 5).map(|i| ((i * 7 + seed) % vocab as u64) as u32).collect();
+        let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&prompt)?;
+        for k in [1, 3, 5, 8] {
+            let mut spec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).max_new_tokens(40).build()?;
+            assert_eq!(spec.generate(&prompt)?.tokens, plain.tokens, "seed {seed}, k {k}");
+            let mut point = SpeculativeDecoder::builder(PointDraft::new(draft.clone(), 0.2), target.clone()).k(k).max_new_tokens(40).build()?;
+            assert_eq!(point.generate(&prompt)?.tokens, plain.tokens, "point draft, seed {seed}, k {k}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_perfect_draft_is_always_accepted() -> Result<()> {
+    let (target, _) = MarkovModel::pair(32, 0.0, 3);
+    let mut dec = SpeculativeDecoder::builder(target.clone(), target).k(4).max_new_tokens(100).sampling(SamplingConfig::new(1.0)?).build()?;
+    let stats = dec.generate(&[1])?.stats;
+    assert_eq!(stats.accepted, stats.drafted);
+    assert_eq!(stats.tokens_per_target_call(), 5.0);
+    Ok(())
+}
+
+#[test]
+fn same_seed_same_tokens() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(32, 0.3, 5);
+    let cfg = SamplingConfig::new(0.9)?.with_top_p(0.9)?;
+    let run = |seed| -> Result<Vec<Vec<u32>>> {
+        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).sampling(cfg.clone()).seed(seed).max_new_tokens(50).build()?;
+        (0..3).map(|_| Ok(dec.generate(&[1, 2])?.tokens)).collect()
+    };
+    assert_eq!(run(9)?, run(9)?);
+    assert_ne!(run(9)?, run(10)?);
+    let plain = |seed| PlainDecoder::new(target.clone(), cfg.clone().with_seed(seed)).max_new_tokens(50).generate(&[1, 2]);
+    assert_eq!(plain(4)?.tokens, plain(4)?.tokens);
+    Ok(())
+}
+
+#[test]
+fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(16, 0.2, 8);
+    let greedy = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[3])?;
+    let stop = greedy.tokens[10];
+    let first = greedy.tokens.iter().position(|&t| t == stop).unwrap_or(10);
+    let mut dec = SpeculativeDecoder::builder(draft, target).k(5).max_new_tokens(30).stop_tokens([stop]).build()?;
+    let mut streamed = Vec::new();
+    let out = dec.generate_with(&[3], |toks| streamed.extend_from_slice(toks))?;
+    assert_eq!(out.tokens, streamed);
+    assert_eq!(out.tokens, greedy.tokens[..=first]);
+    assert_eq!(out.finish, FinishReason::Stop);
+    Ok(())
+}
+
+#[test]
+fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(16, 0.0, 8);
+    for n in [0, 1, 2, 5, 13] {
+        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).max_new_tokens(n).build()?;
+        let out = dec.generate(&[1])?;
+        assert_eq!(out.tokens.len(), n);
+        assert_eq!(out.finish, FinishReason::Length);
+    }
+    Ok(())
+}
+
+#[test]
+fn step_by_step_matches_generate() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(16, 0.3, 2);
+    let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(3).max_new_tokens(25).build()?;
+    dec.start(&[4, 5])?;
+    while dec.finish_reason().is_none() {
+        assert!(!dec.step()?.is_empty());
+    }
+    assert!(dec.step()?.is_empty());
+    let stepped = dec.generated().to_vec();
+    assert_eq!(dec.generate(&[4, 5])?.tokens, stepped);
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! Bad input gets a typed error, never a panic, and a failed step leaves the decoder usable.
+
+use specdec::toy::MarkovModel;
+use specdec::{Error, Logits, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel};
+
+/// A toy target that misbehaves on its `fail_at`-th forward call.
+#[derive(Clone)]
+struct Faulty {
+    inner: MarkovModel,
+    calls: usize,
+    fail_at: usize,
+    fault: Fault,
+}
+
+#[derive(Clone, Copy)]
+enum Fault {
+    NanLogits,
+    InfLogits,
+    WrongRows,
+    Fails,
+}
+
+impl TargetModel for Faulty {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab()
+    }
+
+    fn context_len(&self) -> usize {
+        self.inner.context_len()
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.calls += 1;
+        let logits = self.inner.forward(tokens, rows)?;
+        if self.calls != self.fail_at {
+            return Ok(logits);
+        }
+        let mut data = logits.as_slice().to_vec();
+        match self.fault {
+            Fault::NanLogits => data[0] = f32::NAN,
+            Fault::InfLogits => data[1] = f32::INFINITY,
+            Fault::WrongRows => data.extend(logits.row(0).to_vec()),
+            Fault::Fails => return Err(Error::setting("fault", "injected", "no failure")),
+        }
+        Logits::new(data, logits.vocab())
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.inner.truncate(len)
+    }
+}
+
+fn pair() -> (MarkovModel, MarkovModel) {
+    MarkovModel::pair(8, 0.3, 1)
+}
+
+#[test]
+fn bad_settings_and_pairs_are_typed_errors() {
+    let (target, draft) = pair();
+    let build = |k| SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).build();
+    assert!(matches!(build(0), Err(Error::InvalidSetting { name: "k", .. })));
+    let other = MarkovModel::random(9, 1, 0);
+    assert!(matches!(SpeculativeDecoder::builder(other, target.clone()).build(), Err(Error::VocabMismatch { draft: 9, target: 8 })));
+    assert!(matches!(SamplingConfig::new(-1.0), Err(Error::InvalidSetting { name: "temperature", .. })));
+    assert!(matches!(SamplingConfig::new(f32::NAN), Err(Error::InvalidSetting { name: "temperature", .. })));
+    assert!(matches!(SamplingConfig::greedy().with_top_p(0.0), Err(Error::InvalidSetting { name: "top_p", .. })));
+    assert!(matches!(SamplingConfig::greedy().with_top_p(1.01), Err(Error::InvalidSetting { name: "top_p", .. })));
+    assert!(matches!(SamplingConfig::greedy().with_top_k(0), Err(Error::InvalidSetting { name: "top_k", .. })));
+    let stop = SpeculativeDecoder::builder(draft, target).stop_tokens([8]).build();
+    assert!(matches!(stop, Err(Error::TokenOutOfRange { token: 8, vocab: 8 })));
+}
+
+#[test]
+fn bad_prompts_are_typed_errors() -> Result<()> {
+    let (target, draft) = pair();
+    let mut dec = SpeculativeDecoder::builder(draft, target.clone()).build()?;
+    assert!(matches!(dec.generate(&[]), Err(Error::EmptyPrompt)));
+    assert!(matches!(dec.generate(&[1, 99]), Err(Error::TokenOutOfRange { token: 99, .. })));
+    assert!(matches!(dec.step(), Err(Error::NotReady(_))));
+    let mut plain = PlainDecoder::new(target, SamplingConfig::greedy());
+    assert!(matches!(plain.generate(&[]), Err(Error::EmptyPrompt)));
+    // The decoder still works after refusing bad input.
+    assert_eq!(dec.generate(&[1])?.tokens.len(), 128);
+    Ok(())
+}
+
+/// Each fault, on the target or the draft of a speculative decoder, greedy and sampled: the step
+/// fails with a typed error, the tokens so far stay, and the next step carries on as if the
+/// failed one had not happened (same output as an undisturbed run, for greedy decoding).
+#[test]
+fn model_faults_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
+    let (target, draft) = pair();
+    let clean = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[2, 3])?;
+    for fault in [Fault::NanLogits, Fault::InfLogits, Fault::WrongRows, Fault::Fails] {
+        for sampling in [SamplingConfig::greedy(), SamplingConfig::new(0.8)?] {
+            for on_draft in [false, true] {
+            let faulty = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 4, fault };
+            let healthy = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 0, fault };
+            let (d, t) = if on_draft { (faulty(&draft), healthy(&target)) } else { (healthy(&draft), faulty(&target)) };
+            let mut dec = SpeculativeDecoder::builder(d, t).k(3).sampling(sampling.clone()).max_new_tokens(30).build()?;
+            dec.start(&[2, 3])?;
+            let mut errors = 0;
+            while dec.finish_reason().is_none() {
+                match dec.step() {
+                    Ok(_) => {}
+                    Err(Error::NonFiniteLogits { .. } | Error::BadModelOutput { .. } | Error::InvalidSetting { .. }) => errors += 1,
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+            }
+            assert_eq!(errors, 1);
+            assert_eq!(dec.generated().len(), 30);
+            if sampling.is_greedy() {
+                assert_eq!(dec.generated(), &clean.tokens[..]);
+            }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn plain_decoding_reports_model_faults() -> Result<()> {
+    let (target, _) = pair();
+    for fault in [Fault::NanLogits, Fault::WrongRows, Fault::Fails] {
+        let faulty = Faulty { inner: target.clone(), calls: 0, fail_at: 3, fault };
+        let mut plain = PlainDecoder::new(faulty, SamplingConfig::new(1.0)?).max_new_tokens(10);
+        assert!(plain.generate(&[1, 2]).is_err());
+        assert_eq!(plain.generate(&[1, 2])?.tokens.len(), 10);
+    }
+    Ok(())
+}
+
+#[test]
+fn max_new_tokens_zero_is_empty() -> Result<()> {
+    let (target, draft) = pair();
+    let out = SpeculativeDecoder::builder(draft, target.clone()).max_new_tokens(0).build()?.generate(&[1])?;
+    assert!(out.tokens.is_empty());
+    assert!(PlainDecoder::new(target, SamplingConfig::greedy()).max_new_tokens(0).generate(&[1])?.tokens.is_empty());
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! Statistical proof that speculative decoding samples the target's distribution: Monte Carlo
+//! goodness of fit at significance 1e-6 with fixed seeds, for single steps and for whole
+//! sequences produced by `SpeculativeDecoder`, under every sampling setting and drafter kind;
+//! plus power checks showing the same statistic rejects deliberately biased samplers.
+
+mod common;
+
+use common::{assert_fits, assert_rejects, cell, exact_window, processed_row};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use specdec::kernel::{self, DraftRow, Judgement};
+use specdec::sampling::sample;
+use specdec::toy::{MarkovModel, PointDraft};
+use specdec::{DraftModel, Result, SamplingConfig, SpeculativeDecoder};
+
+const P: [f32; 6] = [0.40, 0.25, 0.15, 0.10, 0.07, 0.03];
+const Q: [f32; 6] = [0.10, 0.10, 0.30, 0.30, 0.15, 0.05];
+
+/// One speculative step on the seed's (p, q): draft from q, judge, count the emitted token.
+fn single_step_counts(n: usize, seed: u64, wrong_residual: bool) -> Result<(Vec<u64>, u64)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut counts, mut accepted) = (vec![0u64; P.len()], 0u64);
+    for _ in 0..n {
+        let t = sample(&Q, &mut rng)?;
+        let token = match kernel::judge(&P, DraftRow::Dense(&Q), t, &mut rng)? {
+            Judgement::Accept => {
+                accepted += 1;
+                t
+            }
+            // The classic bug: resample from p instead of the residual.
+            Judgement::Reject(_) if wrong_residual => sample(&P, &mut rng)?,
+            Judgement::Reject(r) => r,
+        };
+        counts[token as usize] += 1;
+    }
+    Ok((counts, accepted))
+}
+
+fn p64() -> Vec<f64> {
+    P.iter().map(|&p| p as f64).collect()
+}
+
+#[test]
+fn single_step_emits_p() -> Result<()> {
+    let n = 200_000;
+    let (counts, accepted) = single_step_counts(n, 11, false)?;
+    assert_fits("single step", &counts, &p64());
+    // Acceptance is Binomial(n, Σ min(p, q) = 0.55): 5.3 standard deviations is a 1e-7 two-sided tail.
+    let alpha = kernel::acceptance_rate(&P, &Q);
+    assert!((alpha - 0.55).abs() < 1e-6);
+    let sd = (n as f64 * alpha * (1.0 - alpha)).sqrt();
+    assert!((accepted as f64 - n as f64 * alpha).abs() < 5.3 * sd, "accepted {accepted} of {n}");
+    Ok(())
+}
+
+#[test]
+fn single_step_power_resampling_from_p_is_rejected() -> Result<()> {
+    let (counts, _) = single_step_counts(200_000, 11, true)?;
+    assert_rejects("resample from p", &counts, &p64());
+    Ok(())
+}
+
+#[test]
+fn single_step_power_mismatched_draft_processing_is_rejected() -> Result<()> {
+    // The draft samples from its tempered row but the accept test sees the untempered one.
+    let cfg = SamplingConfig::new(0.5)?;
+    let logits = |r: &[f32]| r.iter().map(|p| p.ln()).collect::<Vec<f32>>();
+    let (mut p_t, mut q_t) = (Vec::new(), Vec::new());
+    cfg.probs(&logits(&P), &mut p_t)?;
+    cfg.probs(&logits(&Q), &mut q_t)?;
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut counts = vec![0u64; P.len()];
+    for _ in 0..200_000 {
+        let t = sample(&q_t, &mut rng)?;
+        let token = match kernel::judge(&p_t, DraftRow::Dense(&Q), t, &mut rng)? {
+            Judgement::Accept => t,
+            Judgement::Reject(r) => r,
+        };
+        counts[token as usize] += 1;
+    }
+    let target: Vec<f64> = p_t.iter().map(|&p| p as f64).collect();
+    assert_rejects("draft tempered, judged untempered", &counts, &target);
+    Ok(())
+}
+
+fn settings() -> Result<Vec<(&'static str, SamplingConfig)>> {
+    Ok(vec![
+        ("temperature 1", SamplingConfig::new(1.0)?),
+        ("temperature 0.7", SamplingConfig::new(0.7)?),
+        ("top-k 3", SamplingConfig::new(1.0)?.with_top_k(3)?),
+        ("top-p 0.8", SamplingConfig::new(1.0)?.with_top_p(0.8)?),
+    ])
+}
+
+const VOCAB: usize = 6;
+const PROMPT: [u32; 3] = [2, 0, 5];
+const SAMPLES: usize = 60_000;
+
+/// Generates `SAMPLES` sequences of k + 3 tokens and checks the joint distribution of the first
+/// three tokens and of the three tokens starting at position k (which straddle the end of the
+/// first block, its bonus token and the second round after a roll-back).
+fn check_sequences<D: DraftModel>(name: &str, draft: D, target: &MarkovModel, cfg: &SamplingConfig, k: usize) -> Result<()> {
+    let mut dec = SpeculativeDecoder::builder(draft, target.clone())
+        .k(k)
+        .sampling(cfg.clone())
+        .seed(1000 + k as u64)
+        .max_new_tokens(k + 3)
+        .build()?;
+    let windows = [0, k];
+    let exact: Vec<Vec<f64>> = windows.iter().map(|&s| exact_window(target, cfg, &PROMPT, s, 3)).collect();
+    let mut counts = vec![vec![0u64; VOCAB.pow(3)]; windows.len()];
+    for _ in 0..SAMPLES {
+        let out = dec.generate(&PROMPT)?;
+        for (w, &s) in windows.iter().enumerate() {
+            counts[w][cell(&out.tokens, s, 3, VOCAB)] += 1;
+        }
+    }
+    for (w, &s) in windows.iter().enumerate() {
+        assert_fits(&format!("{name}, k = {k}, tokens {s}..{}", s + 3), &counts[w], &exact[w]);
+    }
+    Ok(())
+}
+
+fn toy_target() -> MarkovModel {
+    MarkovModel::random(VOCAB, 2, 21)
+}
+
+#[test]
+fn sequences_with_a_sampled_draft_follow_the_target() -> Result<()> {
+    let target = toy_target();
+    let draft = target.noisy_copy(0.6, 22);
+    for (name, cfg) in settings()? {
+        for k in [1, 2, 4, 7] {
+            check_sequences(name, draft.clone(), &target, &cfg, k)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn sequences_with_a_point_mass_draft_follow_the_target() -> Result<()> {
+    let target = toy_target();
+    // Proposes the noisy model's argmax when it is at least 30 % likely, else nothing.
+    let draft = PointDraft::new(target.noisy_copy(0.6, 23), 0.3);
+    for (name, cfg) in settings()? {
+        for k in [1, 2, 4, 7] {
+            check_sequences(&format!("point mass, {name}"), draft.clone(), &target, &cfg, k)?;
+        }
+    }
+    Ok(())
+}
+
+/// A deliberately wrong speculative loop on an order-1 toy model: on rejection it resamples
+/// from p instead of the residual. The same sequence statistic must reject it.
+#[test]
+fn sequence_power_resampling_from_p_is_rejected() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 1, 31);
+    let draft = target.noisy_copy(0.6, 32);
+    let cfg = SamplingConfig::new(1.0)?;
+    let mut rng = StdRng::seed_from_u64(33);
+    let mut counts = vec![0u64; VOCAB.pow(3)];
+    for _ in 0..SAMPLES {
+        let mut ctx = PROMPT.to_vec();
+        while ctx.len() < PROMPT.len() + 3 {
+            let mut drafted = ctx.clone();
+            for _ in 0..2 {
+                let q = processed_row(&draft, &cfg, &drafted);
+                let r: f64 = rng.random();
+                let t = q.iter().scan(0.0, |acc, &x| { *acc += x; Some(*acc) }).position(|c| r < c).unwrap_or(VOCAB - 1);
+                drafted.push(t as u32);
+            }
+            for i in ctx.len()..drafted.len() {
+                let (p, q) = (processed_row(&target, &cfg, &drafted[..i]), processed_row(&draft, &cfg, &drafted[..i]));
+                let t = drafted[i] as usize;
+                if rng.random::<f64>() < (p[t] / q[t]).min(1.0) {
+                    ctx.push(t as u32);
+                } else {
+                    let p32: Vec<f32> = p.iter().map(|&x| x as f32).collect();
+                    ctx.push(sample(&p32, &mut rng)?);
+                    break;
+                }
+            }
+        }
+        counts[cell(&ctx, PROMPT.len(), 3, VOCAB)] += 1;
+    }
+    assert_rejects("sequence, resample from p", &counts, &exact_window(&target, &cfg, &PROMPT, 0, 3));
+    Ok(())
+}
+
+/// The joint of the first three tokens also passes on an order-1 pair like the seed's.
+#[test]
+fn sequences_on_the_seed_style_pair_follow_the_target() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(VOCAB, 0.6, 41);
+    check_sequences("seed-style pair", draft, &target, &SamplingConfig::new(1.0)?, 3)
+}
