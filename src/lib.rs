@@ -40,15 +40,21 @@
 pub mod decoder;
 pub mod error;
 pub mod kernel;
+pub mod loading;
 pub mod model;
+pub mod models;
 pub mod plain;
 pub mod sampling;
 pub mod stats;
+pub mod tokenizer;
 pub mod toy;
 
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
 pub use error::{Error, Result};
+pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{DraftModel, Logits, Proposal, TargetModel};
+pub use models::{Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;
 pub use sampling::SamplingConfig;
 pub use stats::{FinishReason, Generation, Stats};
+pub use tokenizer::{TextStream, Tokenizer};

@@ -1,0 +1,39 @@
+//! Hugging Face hub repositories, fetched into (or found in) the local hub cache.
+
+use std::path::PathBuf;
+
+use hf_hub::api::sync::ApiBuilder;
+use hf_hub::Cache;
+
+use crate::error::{Error, Result};
+
+/// Fetches `config.json`, `tokenizer.json` and the safetensors weights of the hub model `repo`
+/// (`org/name`) and returns the snapshot folder holding them. Files already in the cache are
+/// not downloaded again. `cache_dir` overrides the cache (default: `$HF_HOME/hub` or
+/// `~/.cache/huggingface/hub`).
+///
+/// # Errors
+/// [`Error::Hub`] when a file can be neither found in the cache nor downloaded.
+pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
+    let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
+    let api = ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
+    let model = api.model(repo.to_string());
+    let get = |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}")));
+    let config = get("config.json")?;
+    get("tokenizer.json")?;
+    match get("model.safetensors") {
+        Ok(_) => {}
+        Err(single) => {
+            let index = get("model.safetensors.index.json").map_err(|_| single)?;
+            let text = std::fs::read_to_string(index)?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Hub(format!("{repo}: index: {e}")))?;
+            let mut shards: Vec<&str> = json["weight_map"].as_object().into_iter().flatten().filter_map(|(_, f)| f.as_str()).collect();
+            shards.sort_unstable();
+            shards.dedup();
+            for shard in shards {
+                get(shard)?;
+            }
+        }
+    }
+    config.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
+}

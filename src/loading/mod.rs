@@ -1,0 +1,137 @@
+//! Finding and reading model files: GGUF, HF safetensors folders, and hub repositories.
+
+pub mod gguf;
+pub mod hub;
+pub mod safetensors;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
+use candle_core::Device;
+
+use crate::error::{Error, Result};
+use crate::models::config::LlamaConfig;
+use crate::models::linear::WeightFormat;
+use crate::models::llama::LlamaWeights;
+use crate::tokenizer::Tokenizer;
+
+pub use gguf::GgufFile;
+pub use safetensors::SafetensorsDir;
+
+/// A store of named tensors in GGUF naming (`blk.0.attn_q.weight`, …).
+pub trait TensorSource {
+    /// True when the tensor exists.
+    fn has(&self, name: &str) -> bool;
+
+    /// Reads a tensor onto `device`, quantized or not as stored.
+    ///
+    /// # Errors
+    /// [`Error::MissingTensor`] and read failures.
+    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor>;
+}
+
+impl TensorSource for GgufFile {
+    fn has(&self, name: &str) -> bool {
+        self.has_tensor(name)
+    }
+
+    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        self.tensor(name, device)
+    }
+}
+
+/// Where a model lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelFiles {
+    /// One GGUF file holding weights, config and tokenizer.
+    Gguf(PathBuf),
+    /// An HF-layout folder: `config.json`, `tokenizer.json`, `*.safetensors`.
+    HfDir(PathBuf),
+}
+
+impl ModelFiles {
+    /// Resolves a model given as a `.gguf` path, an HF-layout folder, or a hub repository id
+    /// (`org/name`, fetched into the hub cache; `HF_HOME` moves the cache).
+    ///
+    /// # Errors
+    /// [`Error::Load`] when a path does not exist or is neither kind; [`Error::Hub`] when the
+    /// download fails.
+    pub fn resolve(spec: &str) -> Result<Self> {
+        let path = Path::new(spec);
+        if path.is_dir() {
+            return Ok(Self::HfDir(path.to_path_buf()));
+        }
+        if path.is_file() || spec.ends_with(".gguf") {
+            return Ok(Self::Gguf(path.to_path_buf()));
+        }
+        let looks_like_repo = spec.split('/').count() == 2 && !spec.starts_with('.') && !spec.starts_with('/');
+        if looks_like_repo {
+            return hub::fetch(spec, None).map(Self::HfDir);
+        }
+        Err(Error::Load { path: path.to_path_buf(), reason: "no such file or folder, and not a hub id (org/name)".into() })
+    }
+
+    /// A short name for reports.
+    pub fn name(&self) -> String {
+        let path = match self { Self::Gguf(p) | Self::HfDir(p) => p };
+        path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    }
+
+    /// Reads the config, the tokenizer and the weights in `format` onto `device`.
+    ///
+    /// # Errors
+    /// Missing, truncated or corrupt files, unsupported architectures or tokenizers.
+    pub fn load(&self, format: WeightFormat, device: &Device) -> Result<(Arc<LlamaWeights>, Tokenizer)> {
+        let (mut source, config, tokenizer): (Box<dyn TensorSource>, LlamaConfig, Tokenizer) = match self {
+            Self::Gguf(path) => {
+                let file = GgufFile::open(path)?;
+                let (config, tokenizer) = (file.config()?, file.tokenizer()?);
+                (Box::new(file), config, tokenizer)
+            }
+            Self::HfDir(dir) => {
+                let dir = SafetensorsDir::open(dir)?;
+                let (config, tokenizer) = (dir.config().clone(), dir.tokenizer()?);
+                (Box::new(dir), config, tokenizer)
+            }
+        };
+        let weights = LlamaWeights::load(source.as_mut(), config, format, device)?;
+        Ok((Arc::new(weights), tokenizer))
+    }
+}
+
+/// Checks that a draft and a target can be paired: the same tokenizer (the same token → id
+/// map) and the same vocabulary size.
+///
+/// # Errors
+/// [`Error::TokenizerMismatch`] naming both models.
+pub fn check_compatible(draft: (&str, &Tokenizer), target: (&str, &Tokenizer)) -> Result<()> {
+    let (d, t) = (draft.1, target.1);
+    let detail = if d.vocab_size() != t.vocab_size() {
+        format!("{} vs {} tokens", d.vocab_size(), t.vocab_size())
+    } else if d.fingerprint() != t.fingerprint() {
+        "same size, different token ids".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(Error::TokenizerMismatch { draft: draft.0.to_string(), target: target.0.to_string(), detail })
+}
+
+/// The device named `cpu`, `cuda` or `cuda:N`.
+///
+/// # Errors
+/// [`Error::DeviceUnavailable`] when this build has no CUDA support or no GPU answers.
+pub fn device(name: &str) -> Result<Device> {
+    let unavailable = |reason: String| Error::DeviceUnavailable { device: name.to_string(), reason };
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        _ if name == "cuda" || name.starts_with("cuda:") => {
+            let ordinal: usize = name.strip_prefix("cuda:").map_or(Ok(0), str::parse).map_err(|_| unavailable("bad ordinal".into()))?;
+            if !cfg!(feature = "cuda") {
+                return Err(unavailable("this build has no CUDA support (rebuild with `--features cuda`)".into()));
+            }
+            Device::new_cuda(ordinal).map_err(|e| unavailable(e.to_string()))
+        }
+        _ => Err(unavailable("expected cpu, cuda or cuda:N".into())),
+    }
+}

@@ -1,0 +1,127 @@
+//! HF-layout checkpoints: `config.json`, `tokenizer.json` and one or more `*.safetensors`,
+//! mapped to GGUF tensor names with the query/key rows put in interleaved-RoPE order.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+use crate::loading::TensorSource;
+use crate::models::config::{HfConfig, LlamaConfig};
+use crate::tokenizer::Tokenizer;
+
+/// An opened HF-layout folder.
+pub struct SafetensorsDir {
+    dir: PathBuf,
+    config: LlamaConfig,
+    tied: bool,
+    tensors: MmapedSafetensors,
+}
+
+impl SafetensorsDir {
+    /// Opens `dir`, reading `config.json` and mapping every `*.safetensors` file.
+    ///
+    /// # Errors
+    /// [`Error::Load`] for missing or corrupt files; [`Error::UnsupportedArchitecture`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let fail = |reason: String| Error::Load { path: dir.clone(), reason };
+        let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| fail(format!("config.json: {e}")))?;
+        let hf: HfConfig = serde_json::from_str(&text).map_err(|e| fail(format!("config.json: {e}")))?;
+        let config = hf.to_llama()?;
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(fail("no *.safetensors file".into()));
+        }
+        // SAFETY: the files are memory-mapped read-only; like every mmap-based loader this
+        // assumes nobody truncates them while the model is being read.
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| fail(format!("safetensors: {e}")))?;
+        Ok(Self { dir, config, tied: hf.tie_word_embeddings, tensors })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The folder's `tokenizer.json`.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when it is missing or unreadable.
+    pub fn tokenizer(&self) -> Result<Tokenizer> {
+        Tokenizer::from_file(self.dir.join("tokenizer.json"))
+    }
+
+    fn hf_name(&self, name: &str) -> Option<String> {
+        if name == "output.weight" {
+            return (!self.tied).then(|| "lm_head.weight".to_string());
+        }
+        let fixed = [("token_embd.weight", "model.embed_tokens.weight"), ("output_norm.weight", "model.norm.weight")];
+        if let Some((_, hf)) = fixed.iter().find(|(g, _)| *g == name) {
+            return Some(hf.to_string());
+        }
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, part) = rest.split_once('.')?;
+        let part = match part.strip_suffix(".weight")? {
+            "attn_norm" => "input_layernorm",
+            "ffn_norm" => "post_attention_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            _ => return None,
+        };
+        Some(format!("model.layers.{layer}.{part}.weight"))
+    }
+}
+
+impl TensorSource for SafetensorsDir {
+    fn has(&self, name: &str) -> bool {
+        self.hf_name(name).is_some_and(|hf| self.tensors.get(&hf).is_ok())
+    }
+
+    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        let hf = self.hf_name(name).filter(|hf| self.tensors.get(hf).is_ok()).ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let t = self.tensors.load(&hf, device)?.to_dtype(DType::F32)?;
+        let heads = if name.ends_with("attn_q.weight") {
+            Some(self.config.num_heads)
+        } else if name.ends_with("attn_k.weight") {
+            Some(self.config.num_kv_heads)
+        } else {
+            None
+        };
+        let t = match heads {
+            Some(h) => hf_to_interleaved(&t, h)?,
+            None => t,
+        };
+        Ok(QTensor::quantize(&t, GgmlDType::F32)?)
+    }
+}
+
+/// Reorders the rows of an HF query/key weight (each head: first halves, then second halves of
+/// the rotary pairs) into the interleaved order GGUF and this crate's RoPE use.
+///
+/// # Errors
+/// Shape errors.
+pub fn hf_to_interleaved(w: &Tensor, heads: usize) -> Result<Tensor> {
+    let (out, inp) = w.dims2()?;
+    Ok(w.reshape((heads, 2, out / heads / 2, inp))?.transpose(1, 2)?.contiguous()?.reshape((out, inp))?)
+}
+
+/// The inverse of [`hf_to_interleaved`], for writing HF checkpoints from GGUF weights.
+///
+/// # Errors
+/// Shape errors.
+pub fn interleaved_to_hf(w: &Tensor, heads: usize) -> Result<Tensor> {
+    let (out, inp) = w.dims2()?;
+    Ok(w.reshape((heads, out / heads / 2, 2, inp))?.transpose(1, 2)?.contiguous()?.reshape((out, inp))?)
+}

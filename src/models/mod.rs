@@ -1,0 +1,10 @@
+//! Model implementations.
+
+pub mod config;
+pub mod kv_cache;
+pub mod linear;
+pub mod llama;
+
+pub use config::LlamaConfig;
+pub use linear::WeightFormat;
+pub use llama::{Llama, LlamaWeights};

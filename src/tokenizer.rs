@@ -1,0 +1,270 @@
+//! Tokenizers from an HF `tokenizer.json` or rebuilt from GGUF metadata: GPT-2 byte-level BPE
+//! (SmolLM2, Llama 3) and SentencePiece-style BPE with scores (Llama 2, the tinyllamas models).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::str::FromStr;
+
+use candle_core::quantized::gguf_file::Value;
+use serde_json::{json, Value as Json};
+
+use crate::error::{Error, Result};
+
+/// A tokenizer plus what generation needs from it.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_system: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokenizer({} tokens)", self.vocab_size())
+    }
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+impl Tokenizer {
+    /// Loads an HF `tokenizer.json`.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when the file cannot be read or parsed.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let chat_system = None;
+        Ok(Self { inner, chat_system })
+    }
+
+    /// Rebuilds the tokenizer stored in GGUF metadata (`tokenizer.ggml.*`).
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when the metadata is missing or of an unsupported kind.
+    pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self> {
+        let get = |key: &str| md.get(key).ok_or_else(|| Error::Tokenizer(format!("GGUF metadata has no `{key}`")));
+        let strings = |key: &str| -> Result<Vec<String>> {
+            get(key)?.to_vec().map_err(tok_err)?.iter().map(|v| v.to_string().cloned().map_err(tok_err)).collect()
+        };
+        let kind = get("tokenizer.ggml.model")?.to_string().map_err(tok_err)?.clone();
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let types: Vec<i64> = match md.get("tokenizer.ggml.token_type").and_then(|v| v.to_vec().ok()) {
+            Some(v) => v.iter().map(|t| t.to_i32().map(i64::from).or_else(|_| t.to_u32().map(i64::from)).unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
+        let flag = |key: &str, default: bool| md.get(key).and_then(|v| v.to_bool().ok()).unwrap_or(default);
+        let json = match kind.as_str() {
+            "gpt2" => {
+                let pre = md.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map_or("default", |s| s.as_str());
+                let merges = strings("tokenizer.ggml.merges")?;
+                let bos = flag("tokenizer.ggml.add_bos_token", false).then(|| id("tokenizer.ggml.bos_token_id")).flatten();
+                gpt2_json(&tokens, &types, merges, pre, bos)?
+            }
+            "llama" => {
+                let scores: Vec<f32> = get("tokenizer.ggml.scores")?.to_vec().map_err(tok_err)?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
+                let bos = flag("tokenizer.ggml.add_bos_token", true).then(|| id("tokenizer.ggml.bos_token_id")).flatten();
+                let unk = id("tokenizer.ggml.unknown_token_id").unwrap_or(0);
+                sentencepiece_json(&tokens, &types, &scores, flag("tokenizer.ggml.add_space_prefix", true), bos, unk)?
+            }
+            other => return Err(Error::Tokenizer(format!("GGUF tokenizer model `{other}` is not supported (gpt2 or llama)"))),
+        };
+        let inner = tokenizers::Tokenizer::from_str(&json.to_string()).map_err(tok_err)?;
+        let template = md.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
+        Ok(Self { inner, chat_system: template.and_then(|t| default_system_prompt(t)) })
+    }
+
+    /// Text to token ids, with the model's start token when it wants one; special tokens written
+    /// in the text (such as `<|im_start|>`) become their ids.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when encoding fails.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.inner.encode(text, true).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    /// Token ids to text, special tokens left out.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when decoding fails.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(tok_err)
+    }
+
+    /// The id of a token, if it is in the vocabulary.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Tokens in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// A hash of the token → id map (FNV-1a over the tokens in id order): equal for tokenizers
+    /// that assign the same ids to the same strings.
+    pub fn fingerprint(&self) -> u64 {
+        let mut vocab: Vec<(String, u32)> = self.inner.get_vocab(true).into_iter().collect();
+        vocab.sort_by_key(|&(_, id)| id);
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for (token, id) in vocab {
+            for b in token.bytes().chain(id.to_le_bytes()) {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    /// The tokenizer as HF `tokenizer.json` text.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when serialization fails.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(tok_err)
+    }
+
+    /// Wraps a user message in the ChatML template (`<|im_start|>user ... <|im_start|>assistant`)
+    /// when the vocabulary has those tokens, with the model's default system prompt if its
+    /// template has one; otherwise returns the message unchanged.
+    pub fn chat_prompt(&self, user: &str) -> String {
+        if self.token_to_id("<|im_start|>").is_none() {
+            return user.to_string();
+        }
+        let system = self.chat_system.as_ref().map(|s| format!("<|im_start|>system\n{s}<|im_end|>\n")).unwrap_or_default();
+        format!("{system}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+    }
+
+    /// Token ids that end a chat turn (`<|im_end|>`, `<|eot_id|>`, `</s>`, …) found in the vocabulary.
+    pub fn end_of_turn_ids(&self) -> Vec<u32> {
+        ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"].iter().filter_map(|t| self.token_to_id(t)).collect()
+    }
+}
+
+/// The system prompt a ChatML template inserts when the conversation has none.
+fn default_system_prompt(template: &str) -> Option<String> {
+    let start = template.find("<|im_start|>system\n")? + "<|im_start|>system\n".len();
+    let len = template[start..].find("<|im_end|>")?;
+    Some(template[start..start + len].to_string())
+}
+
+/// Added-token entries for control (3) and user-defined (4) tokens.
+fn added_tokens(tokens: &[String], types: &[i64]) -> Vec<Json> {
+    tokens
+        .iter()
+        .zip(types)
+        .enumerate()
+        .filter(|(_, (_, &t))| t == 3 || t == 4)
+        .map(|(id, (content, &t))| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": false, "special": t == 3})
+        })
+        .collect()
+}
+
+fn vocab_map(tokens: &[String]) -> serde_json::Map<String, Json> {
+    tokens.iter().enumerate().map(|(id, t)| (t.clone(), json!(id))).collect()
+}
+
+fn bos_processor(tokens: &[String], bos: Option<u32>) -> Json {
+    let Some(name) = bos.and_then(|id| tokens.get(id as usize)) else { return Json::Null };
+    json!({"type": "TemplateProcessing",
+           "single": [{"SpecialToken": {"id": name, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+           "pair": [{"SpecialToken": {"id": name, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+           "special_tokens": {name: {"id": name, "ids": [bos], "tokens": [name]}}})
+}
+
+/// GPT-2 byte-level BPE as an HF `tokenizer.json` document.
+fn gpt2_json(tokens: &[String], types: &[i64], merges: Vec<String>, pre: &str, bos: Option<u32>) -> Result<Json> {
+    const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let pre_tokenizer = match pre {
+        "default" | "gpt2" | "gpt-2" => byte_level(true),
+        "smollm" | "starcoder" | "refact" => {
+            json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]})
+        }
+        "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": false}, byte_level(false)]}),
+        other => return Err(Error::Tokenizer(format!("GGUF pre-tokenizer `{other}` is not supported (gpt2, smollm, llama-bpe)"))),
+    };
+    Ok(json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens(tokens, types),
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": bos_processor(tokens, bos),
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab_map(tokens), "merges": merges}
+    }))
+}
+
+/// SentencePiece-style BPE (tokens with scores, `▁` for spaces, byte fallback) as an HF
+/// `tokenizer.json` document. The merges are every split of a normal token into two tokens,
+/// ranked by the score of the merged token, as SentencePiece's BPE ranks them.
+fn sentencepiece_json(tokens: &[String], types: &[i64], scores: &[f32], space_prefix: bool, bos: Option<u32>, unk: u32) -> Result<Json> {
+    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let mut merges: Vec<(f32, usize, String)> = Vec::new();
+    for (id, token) in tokens.iter().enumerate().filter(|&(i, _)| types.get(i).is_none_or(|&t| t == 1)) {
+        for (split, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(split);
+            if ids.contains_key(left) && ids.contains_key(right) {
+                merges.push((scores.get(id).copied().unwrap_or(0.0), id, format!("{left} {right}")));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut normalizers = Vec::new();
+    if space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
+    let unk_token = tokens.get(unk as usize).cloned();
+    let strip = if space_prefix { 1 } else { 0 };
+    Ok(json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens(tokens, types),
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": bos_processor(tokens, bos),
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": strip, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk_token, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab_map(tokens), "merges": merges.into_iter().map(|m| m.2).collect::<Vec<_>>()}
+    }))
+}
+
+/// Turns a growing list of token ids into text increments, holding back bytes that do not yet
+/// form whole characters.
+#[derive(Debug, Default)]
+pub struct TextStream {
+    tokens: Vec<u32>,
+    printed: usize,
+}
+
+impl TextStream {
+    /// An empty stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds tokens and returns the new text they complete (possibly empty).
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when decoding fails.
+    pub fn push(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<String> {
+        self.tokens.extend_from_slice(tokens);
+        let text = tokenizer.decode(&self.tokens)?;
+        if text.len() > self.printed && !text.ends_with('\u{FFFD}') && text.is_char_boundary(self.printed) {
+            let new = text[self.printed..].to_string();
+            self.printed = text.len();
+            return Ok(new);
+        }
+        Ok(String::new())
+    }
+}

@@ -1,0 +1,20 @@
+//! Finding the real model files for tests.
+
+use std::path::PathBuf;
+
+pub const STORIES: &str = "tinyllamas-stories-260k-f32.gguf";
+pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The path of a model file from `scripts/fetch-models.sh`, looked up in `$SPECDEC_MODELS`,
+/// `./models-cache` and `../shared/models`. When it is missing the test is skipped, except
+/// under CI (`CI` set), where a missing model is a failure.
+pub fn model_path(name: &str) -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dirs = [std::env::var_os("SPECDEC_MODELS").map(PathBuf::from), Some(root.join("models-cache")), Some(root.join("../shared/models"))];
+    let found = dirs.into_iter().flatten().map(|d| d.join(name)).find(|p| p.is_file());
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "model file {name} is missing under CI: run scripts/fetch-models.sh");
+        eprintln!("skipping: {name} not found (run scripts/fetch-models.sh)");
+    }
+    found
+}
