@@ -44,6 +44,7 @@ pub mod model;
 pub mod plain;
 pub mod sampling;
 pub mod stats;
+pub mod tools;
 pub mod toy;
 
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
