@@ -47,6 +47,8 @@ pub mod plain;
 pub mod sampling;
 pub mod stats;
 pub mod tokenizer;
+pub mod tools;
+pub mod toy;
 pub mod toy;
 
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
