@@ -49,7 +49,6 @@ pub mod stats;
 pub mod tokenizer;
 pub mod tools;
 pub mod toy;
-pub mod toy;
 
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
 pub use error::{Error, Result};
