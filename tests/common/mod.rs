@@ -110,3 +110,5 @@ fn window(target: &MarkovModel, cfg: &SamplingConfig, last: [u32; 2], left: usiz
 pub fn cell(tokens: &[u32], start: usize, len: usize, vocab: usize) -> usize {
     tokens[start..start + len].iter().fold(0, |c, &t| c * vocab + t as usize)
 }
+
+pub mod models;

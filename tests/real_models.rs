@@ -1,0 +1,153 @@
+//! The llama-family model on real weights: one multi-token forward equals token-by-token
+//! forwards, roll-back equals a fresh run, logits agree with candle-transformers'
+//! `quantized_llama` (an independent implementation), and greedy speculative decoding equals
+//! plain greedy decoding token for token.
+
+mod common;
+
+use std::sync::Arc;
+
+use candle_core::Device;
+use common::models::{model_path, SMOLLM2, STORIES};
+use specdec::{Llama, LlamaWeights, ModelFiles, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, Tokenizer, WeightFormat};
+
+fn device() -> Device {
+    specdec::device(&std::env::var("SPECDEC_DEVICE").unwrap_or_else(|_| "cpu".into())).expect("SPECDEC_DEVICE names a usable device")
+}
+
+fn load(name: &str, format: WeightFormat) -> Option<(Arc<LlamaWeights>, Tokenizer)> {
+    let path = model_path(name)?;
+    Some(ModelFiles::Gguf(path).load(format, &device()).expect("the model loads"))
+}
+
+/// max |a − b| / max |b|.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn prompt_ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
+    tok.encode(text).expect("prompt encodes")
+}
+
+fn multi_equals_sequential(name: &str) -> Result<()> {
+    let Some((w, tok)) = load(name, WeightFormat::F32) else { return Ok(()) };
+    let ids = prompt_ids(&tok, "One day, a little bird flew over the big green hill and");
+    let mut model = Llama::new(w)?;
+    let all = model.forward(&ids, ids.len())?;
+    model.truncate(0)?;
+    for (i, &t) in ids.iter().enumerate() {
+        let one = model.forward(&[t], 1)?;
+        let d = rel_diff(one.row(0), all.row(i));
+        assert!(d <= 1e-4, "{name}: position {i} differs by {d:e} (relative)");
+    }
+    Ok(())
+}
+
+#[test]
+fn stories_multi_token_forward_equals_sequential() -> Result<()> {
+    multi_equals_sequential(STORIES)
+}
+
+#[test]
+fn smollm2_multi_token_forward_equals_sequential() -> Result<()> {
+    multi_equals_sequential(SMOLLM2)
+}
+
+#[test]
+fn truncate_then_forward_equals_a_fresh_run() -> Result<()> {
+    for name in [STORIES, SMOLLM2] {
+        let Some((w, tok)) = load(name, WeightFormat::F32) else { continue };
+        let ids = prompt_ids(&tok, "The cat sat on the mat. The dog");
+        let mut model = Llama::new(w.clone())?;
+        model.forward(&ids, 0)?;
+        model.forward(&[5, 6, 7, 8], 4)?; // a rejected draft
+        model.truncate(ids.len())?;
+        let resumed = model.forward(&[9, 10], 2)?;
+        let mut fresh = Llama::new(w)?;
+        fresh.forward(&ids, 0)?;
+        let expected = fresh.forward(&[9, 10], 2)?;
+        assert!(rel_diff(resumed.as_slice(), expected.as_slice()) <= 1e-5, "{name}");
+    }
+    Ok(())
+}
+
+/// Last-position logits of our model (weights as stored) against candle-transformers'
+/// `quantized_llama` on the same file.
+#[test]
+fn logits_agree_with_candle_quantized_llama() -> Result<()> {
+    use candle_transformers::models::quantized_llama::ModelWeights;
+    for name in [STORIES, SMOLLM2] {
+        let Some(path) = model_path(name) else { continue };
+        let dev = device();
+        let (w, tok) = ModelFiles::Gguf(path.clone()).load(WeightFormat::Stored, &dev)?;
+        let ids = prompt_ids(&tok, "Once upon a time, there was a");
+        let ours = Llama::new(w)?.forward(&ids, 1)?;
+        let mut file = std::fs::File::open(&path)?;
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file)?;
+        let mut reference = ModelWeights::from_gguf(content, &mut file, &dev)?;
+        let input = candle_core::Tensor::new(ids.as_slice(), &dev)?.unsqueeze(0)?;
+        let theirs = reference.forward(&input, 0)?.flatten_all()?.to_vec1::<f32>()?;
+        let d = rel_diff(ours.row(0), &theirs);
+        eprintln!("{name}: relative difference to quantized_llama {d:e}");
+        assert!(d <= 1e-3, "{name}: {d:e}");
+    }
+    Ok(())
+}
+
+/// Greedy speculative decoding with a quantized draft of the same weights equals plain greedy
+/// decoding of the f32 target, for several prompts and k.
+fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_tokens: usize) -> Result<()> {
+    let Some((target_w, tok)) = load(name, WeightFormat::F32) else { return Ok(()) };
+    let Some((draft_w, _)) = load(name, draft_format) else { return Ok(()) };
+    let stop = target_w.config().eos_token_ids.clone();
+    for prompt in prompts {
+        let ids = prompt_ids(&tok, &tok.chat_prompt(prompt));
+        let plain = PlainDecoder::new(Llama::new(target_w.clone())?, SamplingConfig::greedy())
+            .max_new_tokens(new_tokens)
+            .stop_tokens(stop.clone())
+            .generate(&ids)?;
+        for k in [1, 3, 5] {
+            let mut spec = SpeculativeDecoder::builder(Llama::new(draft_w.clone())?, Llama::new(target_w.clone())?)
+                .k(k)
+                .max_new_tokens(new_tokens)
+                .stop_tokens(stop.clone())
+                .build()?;
+            let out = spec.generate(&ids)?;
+            assert_eq!(out.tokens, plain.tokens, "{name}, k = {k}, prompt {prompt:?}: {:?} vs {:?}", tok.decode(&out.tokens), tok.decode(&plain.tokens));
+            assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn stories_greedy_speculative_equals_plain() -> Result<()> {
+    let prompts = ["Once upon a time", "Lily and Ben went to the park.", "The little dog was sad because"];
+    greedy_matches(STORIES, WeightFormat::Quantized(candle_core::quantized::GgmlDType::Q8_0), &prompts, 60)
+}
+
+#[test]
+fn smollm2_greedy_speculative_equals_plain() -> Result<()> {
+    let prompts = ["What is the capital of France?", "Write a haiku about the sea.", "List three uses of a paperclip."];
+    greedy_matches(SMOLLM2, WeightFormat::Stored, &prompts, 32)
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_on_real_weights() -> Result<()> {
+    let Some((w, tok)) = load(STORIES, WeightFormat::F32) else { return Ok(()) };
+    let ids = prompt_ids(&tok, "Once upon a time");
+    let cfg = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(17);
+    let run = || -> Result<Vec<u32>> {
+        let mut dec = SpeculativeDecoder::builder(Llama::with_layers(w.clone(), vec![0, 1, 2])?, Llama::new(w.clone())?)
+            .k(3)
+            .sampling(cfg.clone())
+            .max_new_tokens(50)
+            .build()?;
+        Ok(dec.generate(&ids)?.tokens)
+    };
+    let first = run()?;
+    assert_eq!(first, run()?);
+    assert_eq!(first.len(), 50);
+    Ok(())
+}
