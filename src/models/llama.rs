@@ -170,6 +170,24 @@ impl Llama {
         self.caches.first().map_or(0, KvCache::len)
     }
 
+    /// Tokens in the context (the same as [`TargetModel::context_len`], callable without
+    /// naming the trait when both model traits are in scope).
+    pub fn context_len(&self) -> usize {
+        self.len()
+    }
+
+    /// Rolls the context back to `len` tokens ([`TargetModel::truncate`]).
+    ///
+    /// # Errors
+    /// [`Error::BadTruncate`] when `len` exceeds the context.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len() {
+            return Err(Error::BadTruncate { len: self.len(), to: len });
+        }
+        self.caches.iter_mut().for_each(|c| c.truncate(len));
+        Ok(())
+    }
+
     /// Runs `tokens` through the model at the current offset and returns the final hidden
     /// states of the last `rows` positions, (rows, hidden).
     fn hidden(&mut self, tokens: &[u32], rows: usize) -> Result<Tensor> {
@@ -236,7 +254,7 @@ impl TargetModel for Llama {
     }
 
     fn context_len(&self) -> usize {
-        self.len()
+        Llama::context_len(self)
     }
 
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
@@ -273,10 +291,6 @@ impl TargetModel for Llama {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len() {
-            return Err(Error::BadTruncate { len: self.len(), to: len });
-        }
-        self.caches.iter_mut().for_each(|c| c.truncate(len));
-        Ok(())
+        Llama::truncate(self, len)
     }
 }

@@ -1,0 +1,179 @@
+//! Speculative decoding of a llama-family model with a cheaper draft, streamed, then plain
+//! decoding of the same target on the same prompt, and a comparison.
+//!
+//! With no arguments it uses the local SmolLM2-135M-Instruct GGUF from
+//! `scripts/fetch-models.sh` (target: f32, draft: its own Q4_1 weights) when present, else the
+//! hub pair SmolLM2-360M-Instruct (target) + SmolLM2-135M-Instruct (draft).
+//!
+//! `cargo run --release --example llama_spec -- --prompt "Tell me a story" --k 4 --json`
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde_json::json;
+use specdec::{
+    check_compatible, Generation, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TextStream, Tokenizer,
+    WeightFormat,
+};
+
+#[derive(Parser)]
+struct Args {
+    /// Target model: a .gguf file, an HF folder, or a hub id (org/name).
+    #[arg(long)]
+    target: Option<String>,
+    /// Draft model (same kinds); default: the target's own weights, quantized as stored.
+    #[arg(long)]
+    draft: Option<String>,
+    /// Build the draft by quantizing the target's weights: stored, q8_0, q4_0, q4_1, q4k, ...
+    #[arg(long)]
+    draft_quant: Option<String>,
+    /// Draft with the target's first N blocks only (layer-skip self-draft, shared weights).
+    #[arg(long)]
+    draft_layers: Option<usize>,
+    /// Weight format of the target: f32 (default) or stored.
+    #[arg(long, default_value = "f32")]
+    target_format: String,
+    /// The prompt.
+    #[arg(long, default_value = "What is the capital of France?")]
+    prompt: String,
+    /// Wrap the prompt in the model's chat template: auto (when it has one and the prompt does
+    /// not already contain it), on or off.
+    #[arg(long, default_value = "auto")]
+    chat: String,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// Drafted tokens per round.
+    #[arg(long, default_value_t = 4)]
+    k: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Top-k filter.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Top-p (nucleus) filter.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Random seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// End with one JSON line summarizing the run.
+    #[arg(long)]
+    json: bool,
+}
+
+const LOCAL_SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The default pair: the local SmolLM2 file if fetched, else the hub pair.
+fn default_models() -> (String, Option<String>) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dirs = [std::env::var_os("SPECDEC_MODELS").map(PathBuf::from), Some(root.join("models-cache"))];
+    match dirs.into_iter().flatten().map(|d| d.join(LOCAL_SMOLLM2)).find(|p| p.is_file()) {
+        Some(local) => (local.display().to_string(), None),
+        None => ("HuggingFaceTB/SmolLM2-360M-Instruct".into(), Some("HuggingFaceTB/SmolLM2-135M-Instruct".into())),
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let device = specdec::device(&args.device)?;
+    let (default_target, default_draft) = default_models();
+    let target_spec = args.target.clone().unwrap_or(default_target);
+    let target_files = ModelFiles::resolve(&target_spec)?;
+    let target_format: WeightFormat = args.target_format.parse()?;
+    let (target_w, tokenizer) = target_files.load(target_format, &device).with_context(|| format!("loading target {target_spec}"))?;
+
+    let (draft_w, draft_name): (Arc<LlamaWeights>, String) = match (&args.draft_layers, &args.draft_quant, args.draft.clone().or(default_draft)) {
+        (Some(n), _, _) => (target_w.clone(), format!("{} (first {n} layers)", target_files.name())),
+        (None, Some(q), _) => (target_files.load(q.parse()?, &device)?.0, format!("{} ({q})", target_files.name())),
+        (None, None, Some(spec)) => {
+            let files = ModelFiles::resolve(&spec)?;
+            let (w, draft_tok) = files.load(WeightFormat::Stored, &device).with_context(|| format!("loading draft {spec}"))?;
+            check_compatible((&spec, &draft_tok), (&target_spec, &tokenizer))?;
+            (w, files.name())
+        }
+        (None, None, None) => (target_files.load(WeightFormat::Stored, &device)?.0, format!("{} (stored)", target_files.name())),
+    };
+    let draft_layers = args.draft_layers.map_or_else(|| (0..draft_w.config().num_layers).collect(), |n| (0..n).collect());
+
+    let prompt = match args.chat.as_str() {
+        "on" => tokenizer.chat_prompt(&args.prompt),
+        "auto" if !args.prompt.contains("<|im_start|>") => tokenizer.chat_prompt(&args.prompt),
+        _ => args.prompt.clone(),
+    };
+    let ids = tokenizer.encode(&prompt)?;
+    let mut sampling = SamplingConfig::new(args.temperature)?.with_seed(args.seed);
+    if let Some(k) = args.top_k {
+        sampling = sampling.with_top_k(k)?;
+    }
+    if let Some(p) = args.top_p {
+        sampling = sampling.with_top_p(p)?;
+    }
+    let mut stop = target_w.config().eos_token_ids.clone();
+    stop.extend(tokenizer.end_of_turn_ids());
+
+    eprintln!("target {} ({:?}), draft {draft_name}, k {}, prompt {} tokens", target_files.name(), args.target_format, args.k, ids.len());
+    let mut spec = SpeculativeDecoder::builder(Llama::with_layers(draft_w, draft_layers)?, Llama::new(target_w.clone())?)
+        .k(args.k)
+        .sampling(sampling.clone())
+        .max_new_tokens(args.max_new_tokens)
+        .stop_tokens(stop.clone())
+        .build()?;
+    let spec_out = stream(&tokenizer, |on| spec.generate_with(&ids, on))?;
+    let mut plain = PlainDecoder::new(Llama::new(target_w)?, sampling).max_new_tokens(args.max_new_tokens).stop_tokens(stop);
+    let plain_out = plain.generate(&ids)?;
+    report(&args, &target_files.name(), &draft_name, &tokenizer, &spec_out, &plain_out)
+}
+
+/// Runs a generation, printing its text as tokens are accepted.
+fn stream(tok: &Tokenizer, run: impl FnOnce(&mut dyn FnMut(&[u32])) -> specdec::Result<Generation>) -> Result<Generation> {
+    let mut text = TextStream::new();
+    let mut out = std::io::stdout();
+    let result = run(&mut |tokens| {
+        if let Ok(piece) = text.push(tok, tokens) {
+            let _ = write!(out, "{piece}");
+            let _ = out.flush();
+        }
+    });
+    println!();
+    Ok(result?)
+}
+
+fn report(args: &Args, target: &str, draft: &str, tok: &Tokenizer, spec: &Generation, plain: &Generation) -> Result<()> {
+    let (s, p) = (&spec.stats, &plain.stats);
+    let speedup = if p.tokens_per_sec() > 0.0 { s.tokens_per_sec() / p.tokens_per_sec() } else { 0.0 };
+    let greedy_match = (args.temperature == 0.0).then(|| spec.tokens == plain.tokens);
+    println!("plain       : {:6.1} tok/s ({} tokens)", p.tokens_per_sec(), p.new_tokens);
+    println!("speculative : {:6.1} tok/s ({} tokens), speedup {speedup:.2}x", s.tokens_per_sec(), s.new_tokens);
+    println!(
+        "acceptance {:.3} (per position {:.3}), {:.2} tokens per target call, draft/target cost c = {:.3}, predicted S = {:.2}",
+        s.acceptance_rate(),
+        s.position_acceptance(),
+        s.tokens_per_target_call(),
+        s.cost_ratio(),
+        s.predicted_speedup()
+    );
+    match greedy_match {
+        Some(true) => println!("greedy match: the speculative text equals plain decoding"),
+        Some(false) => println!("greedy match: NO\nplain text: {}", tok.decode(&plain.tokens)?),
+        None => println!("sampling: speculative and plain texts are different samples of the same distribution"),
+    }
+    if args.json {
+        let summary = json!({
+            "target": target, "draft": draft, "k": args.k, "temperature": args.temperature,
+            "new_tokens": s.new_tokens, "plain_tok_s": p.tokens_per_sec(), "spec_tok_s": s.tokens_per_sec(),
+            "speedup": speedup, "acceptance_rate": s.acceptance_rate(), "position_acceptance": s.position_acceptance(),
+            "tokens_per_target_call": s.tokens_per_target_call(), "cost_ratio": s.cost_ratio(),
+            "predicted_speedup": s.predicted_speedup(), "greedy_match": greedy_match, "device": args.device,
+        });
+        println!("{summary}");
+    }
+    Ok(())
+}
