@@ -151,3 +151,23 @@ fn seeded_sampling_is_reproducible_on_real_weights() -> Result<()> {
     assert_eq!(first.len(), 50);
     Ok(())
 }
+
+/// The native CPU engine and the candle engine compute the same logits.
+#[test]
+fn native_and_candle_engines_agree() -> Result<()> {
+    for name in [STORIES, SMOLLM2] {
+        let Some(path) = model_path(name) else { continue };
+        let files = ModelFiles::Gguf(path);
+        let (native, tok) = files.load_with(WeightFormat::F32, &Device::Cpu, specdec::Engine::Native)?;
+        let (candle, _) = files.load_with(WeightFormat::F32, &Device::Cpu, specdec::Engine::Candle)?;
+        let ids = prompt_ids(&tok, "Once upon a time, there was a little");
+        let (mut a, mut b) = (Llama::new(native)?, Llama::new(candle)?);
+        let (split, rest) = ids.split_at(ids.len() - 5);
+        a.forward(split, 0)?;
+        b.forward(split, 0)?;
+        let (la, lb) = (a.forward(rest, 5)?, b.forward(rest, 5)?);
+        let d = rel_diff(la.as_slice(), lb.as_slice());
+        assert!(d <= 1e-4, "{name}: engines differ by {d:e}");
+    }
+    Ok(())
+}

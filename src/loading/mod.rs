@@ -13,7 +13,7 @@ use candle_core::Device;
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
 use crate::models::linear::WeightFormat;
-use crate::models::llama::LlamaWeights;
+use crate::models::llama::{Engine, LlamaWeights};
 use crate::tokenizer::Tokenizer;
 
 pub use gguf::GgufFile;
@@ -83,6 +83,14 @@ impl ModelFiles {
     /// # Errors
     /// Missing, truncated or corrupt files, unsupported architectures or tokenizers.
     pub fn load(&self, format: WeightFormat, device: &Device) -> Result<(Arc<LlamaWeights>, Tokenizer)> {
+        self.load_with(format, device, Engine::Auto)
+    }
+
+    /// Like [`load`](Self::load), for a chosen engine.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load); the native engine off the CPU.
+    pub fn load_with(&self, format: WeightFormat, device: &Device, engine: Engine) -> Result<(Arc<LlamaWeights>, Tokenizer)> {
         let (mut source, config, tokenizer): (Box<dyn TensorSource>, LlamaConfig, Tokenizer) = match self {
             Self::Gguf(path) => {
                 let file = GgufFile::open(path)?;
@@ -95,7 +103,7 @@ impl ModelFiles {
                 (Box::new(dir), config, tokenizer)
             }
         };
-        let weights = LlamaWeights::load(source.as_mut(), config, format, device)?;
+        let weights = LlamaWeights::load(source.as_mut(), config, format, device, engine)?;
         Ok((Arc::new(weights), tokenizer))
     }
 }

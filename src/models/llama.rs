@@ -1,117 +1,103 @@
-//! A llama-family transformer on candle: embeddings, RMSNorm, RoPE, grouped-query attention,
-//! SwiGLU, tied or separate output head. One `forward` scores any number of new tokens at the
-//! current offset and returns a logits row for each of the last `rows`; the KV cache rolls back
-//! with `truncate`.
+//! A llama-family model (embeddings, RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or
+//! separate output head) that scores any number of new tokens at the current offset in one
+//! call and rolls its KV cache back with `truncate`.
+//!
+//! Two engines compute it: the native CPU engine ([`crate::native`], our own kernels) and a
+//! candle engine (any device). [`Engine::Auto`] picks the native one on CPU when it supports the
+//! weight format.
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::loading::TensorSource;
 use crate::model::{Logits, TargetModel};
+use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
 use crate::models::kv_cache::KvCache;
-use crate::models::linear::{Linear, WeightFormat};
+use crate::models::linear::WeightFormat;
+use crate::native::{NativeCache, NativeWeights};
 
-/// One transformer block's weights.
+/// Which implementation computes the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// Native on CPU where the weight format allows, candle otherwise.
+    #[default]
+    Auto,
+    /// The native CPU engine.
+    Native,
+    /// candle's ops, on any device.
+    Candle,
+}
+
 #[derive(Debug)]
-struct Block {
-    attn_norm: Tensor,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    ffn_norm: Tensor,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+enum Weights {
+    Native(NativeWeights),
+    Candle(CandleWeights),
 }
 
 /// Everything read-only about a model, shareable between a target and a layer-skip draft.
 #[derive(Debug)]
 pub struct LlamaWeights {
     config: LlamaConfig,
-    device: Device,
-    embed: Tensor,
-    blocks: Vec<Block>,
-    norm: Tensor,
-    lm_head: Linear,
-    cos: Tensor,
-    sin: Tensor,
+    weights: Weights,
 }
-
-/// Initial KV cache capacity; it doubles as needed.
-const INITIAL_CACHE: usize = 256;
 
 impl LlamaWeights {
     /// Reads the weights named in GGUF style (`token_embd.weight`, `blk.N.attn_q.weight`, …)
-    /// from `source`. Query and key weights must be in the interleaved-RoPE row order GGUF uses.
+    /// from `source`, in `format`, for `engine`. Query and key weights must be in the
+    /// interleaved-RoPE row order GGUF uses.
     ///
     /// # Errors
-    /// [`Error::MissingTensor`], shape mismatches, backend failures.
-    pub fn load(source: &mut dyn TensorSource, config: LlamaConfig, format: WeightFormat, device: &Device) -> Result<Self> {
+    /// [`Error::MissingTensor`], shape mismatches, [`Error::DeviceUnavailable`] when the native
+    /// engine is asked for off the CPU, backend failures.
+    pub fn load(source: &mut dyn TensorSource, config: LlamaConfig, format: WeightFormat, device: &Device, engine: Engine) -> Result<Self> {
         config.validate()?;
-        let c = &config;
-        let (q_out, kv_out) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let head_name = if source.has("output.weight") { "output.weight" } else { "token_embd.weight" };
-        let mut linear = |name: &str, shape: (usize, usize)| -> Result<Linear> {
-            let t = source.qtensor(name, device)?;
-            expect_shape(name, t.shape().dims(), &[shape.0, shape.1])?;
-            Linear::new(t, format, device)
+        let native_ok = device.is_cpu() && NativeWeights::supports(format);
+        let weights = match engine {
+            Engine::Native if !device.is_cpu() => {
+                return Err(Error::DeviceUnavailable { device: format!("{device:?}"), reason: "the native engine runs on the CPU".into() })
+            }
+            Engine::Native if !native_ok => return Err(Error::setting("weight format", format!("{format:?}"), "one the native engine supports")),
+            Engine::Native | Engine::Auto if native_ok => Weights::Native(NativeWeights::load(source, &config, format)?),
+            _ => Weights::Candle(CandleWeights::load(source, &config, format, device)?),
         };
-        let mut blocks = Vec::with_capacity(c.num_layers);
-        for i in 0..c.num_layers {
-            let p = |s: &str| format!("blk.{i}.{s}.weight");
-            blocks.push(Block {
-                q: linear(&p("attn_q"), (q_out, c.hidden_size))?,
-                k: linear(&p("attn_k"), (kv_out, c.hidden_size))?,
-                v: linear(&p("attn_v"), (kv_out, c.hidden_size))?,
-                o: linear(&p("attn_output"), (c.hidden_size, q_out))?,
-                gate: linear(&p("ffn_gate"), (c.intermediate_size, c.hidden_size))?,
-                up: linear(&p("ffn_up"), (c.intermediate_size, c.hidden_size))?,
-                down: linear(&p("ffn_down"), (c.hidden_size, c.intermediate_size))?,
-                attn_norm: Tensor::zeros(1, DType::F32, device)?,
-                ffn_norm: Tensor::zeros(1, DType::F32, device)?,
-            });
-        }
-        let lm_head = linear(head_name, (c.vocab_size, c.hidden_size))?;
-        let mut vector = |name: &str, len: usize| -> Result<Tensor> {
-            let t = source.qtensor(name, device)?.dequantize(device)?;
-            expect_shape(name, t.dims(), &[len])?;
-            Ok(t)
-        };
-        for (i, b) in blocks.iter_mut().enumerate() {
-            b.attn_norm = vector(&format!("blk.{i}.attn_norm.weight"), c.hidden_size)?;
-            b.ffn_norm = vector(&format!("blk.{i}.ffn_norm.weight"), c.hidden_size)?;
-        }
-        let norm = vector("output_norm.weight", c.hidden_size)?;
-        let embed = source.qtensor("token_embd.weight", device)?.dequantize(device)?;
-        expect_shape("token_embd.weight", embed.dims(), &[c.vocab_size, c.hidden_size])?;
-        let (cos, sin) = rope_tables(c, device)?;
-        Ok(Self { config, device: device.clone(), embed, blocks, norm, lm_head, cos, sin })
+        Ok(Self { config, weights })
     }
 
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
         &self.config
     }
+
+    /// The engine that computes the forward pass.
+    pub fn engine(&self) -> Engine {
+        match self.weights {
+            Weights::Native(_) => Engine::Native,
+            Weights::Candle(_) => Engine::Candle,
+        }
+    }
 }
 
-fn expect_shape(name: &str, got: &[usize], want: &[usize]) -> Result<()> {
+pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<()> {
     if got != want {
         return Err(Error::Load { path: name.into(), reason: format!("tensor `{name}` has shape {got:?}, expected {want:?}") });
     }
     Ok(())
 }
 
-/// cos and sin of position × frequency, (max_context, head_dim / 2), for interleaved RoPE.
-fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+/// Position × frequency for interleaved RoPE, (max_context, head_dim / 2) row-major.
+pub(crate) fn rope_angles(c: &LlamaConfig) -> Vec<f32> {
     let half = c.head_dim / 2;
     let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.head_dim as f32)).collect();
-    let angles: Vec<f32> = (0..c.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect();
-    let angles = Tensor::from_vec(angles, (c.max_context, half), device)?;
-    Ok((angles.cos()?, angles.sin()?))
+    (0..c.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
+}
+
+#[derive(Debug)]
+enum State {
+    Native(NativeCache),
+    Candle(Vec<KvCache>),
 }
 
 /// A llama-family model with its own KV cache over shared weights.
@@ -122,7 +108,8 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
 pub struct Llama {
     weights: Arc<LlamaWeights>,
     layers: Vec<usize>,
-    caches: Vec<KvCache>,
+    state: State,
+    len: usize,
 }
 
 impl Llama {
@@ -141,14 +128,15 @@ impl Llama {
     /// # Errors
     /// [`Error::InvalidSetting`] for an empty or out-of-range layer list.
     pub fn with_layers(weights: Arc<LlamaWeights>, layers: Vec<usize>) -> Result<Self> {
-        let n = weights.config.num_layers;
-        if layers.is_empty() || layers.iter().any(|&l| l >= n) {
+        let c = &weights.config;
+        if layers.is_empty() || layers.iter().any(|&l| l >= c.num_layers) {
             return Err(Error::setting("layers", format!("{layers:?}"), "a non-empty list of block indices below num_layers"));
         }
-        let c = &weights.config;
-        let capacity = INITIAL_CACHE.min(c.max_context);
-        let caches = layers.iter().map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &weights.device)).collect::<Result<_>>()?;
-        Ok(Self { weights, layers, caches })
+        let state = match &weights.weights {
+            Weights::Native(_) => State::Native(NativeCache::new(c, layers.len())),
+            Weights::Candle(w) => State::Candle(w.caches(c, layers.len())?),
+        };
+        Ok(Self { weights, layers, state, len: 0 })
     }
 
     /// The shared weights.
@@ -166,14 +154,10 @@ impl Llama {
         &self.layers
     }
 
-    fn len(&self) -> usize {
-        self.caches.first().map_or(0, KvCache::len)
-    }
-
     /// Tokens in the context (the same as [`TargetModel::context_len`], callable without
     /// naming the trait when both model traits are in scope).
     pub fn context_len(&self) -> usize {
-        self.len()
+        self.len
     }
 
     /// Rolls the context back to `len` tokens ([`TargetModel::truncate`]).
@@ -181,71 +165,15 @@ impl Llama {
     /// # Errors
     /// [`Error::BadTruncate`] when `len` exceeds the context.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len() {
-            return Err(Error::BadTruncate { len: self.len(), to: len });
+        if len > self.len {
+            return Err(Error::BadTruncate { len: self.len, to: len });
         }
-        self.caches.iter_mut().for_each(|c| c.truncate(len));
+        self.len = len;
+        if let State::Candle(caches) = &mut self.state {
+            caches.iter_mut().for_each(|c| c.truncate(len));
+        }
         Ok(())
     }
-
-    /// Runs `tokens` through the model at the current offset and returns the final hidden
-    /// states of the last `rows` positions, (rows, hidden).
-    fn hidden(&mut self, tokens: &[u32], rows: usize) -> Result<Tensor> {
-        let w = Arc::clone(&self.weights);
-        let c = &w.config;
-        let (n, pos) = (tokens.len(), self.len());
-        let ids = Tensor::new(tokens, &w.device)?;
-        let mut x = w.embed.index_select(&ids, 0)?;
-        let cos = w.cos.narrow(0, pos, n)?;
-        let sin = w.sin.narrow(0, pos, n)?;
-        let mask = causal_mask(n, pos, &w.device)?;
-        for (cache, &l) in self.caches.iter_mut().zip(&self.layers) {
-            let b = &w.blocks[l];
-            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
-            let attn = attention(c, b, &h, &cos, &sin, mask.as_ref(), cache)?;
-            x = (x + b.o.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
-            let ffn = (candle_nn::ops::silu(&b.gate.forward(&h)?)? * b.up.forward(&h)?)?;
-            x = (x + b.down.forward(&ffn)?)?;
-        }
-        let last = x.narrow(0, n - rows, rows)?;
-        Ok(candle_nn::ops::rms_norm(&last, &w.norm, c.rms_norm_eps as f32)?)
-    }
-}
-
-/// Self-attention of `n` new positions over the cache: queries (heads, n, hd) grouped as
-/// (kv_heads, groups·n, hd) so each key/value head serves its query heads without copies.
-fn attention(c: &LlamaConfig, b: &Block, h: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
-    let n = h.dim(0)?;
-    let (hd, kvh, groups) = (c.head_dim, c.num_kv_heads, c.num_heads / c.num_kv_heads);
-    let heads = |t: Tensor, count: usize| -> Result<Tensor> {
-        let t = t.reshape((n, count, hd))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
-        Ok(candle_nn::rotary_emb::rope_i(&t, cos, sin)?.squeeze(0)?)
-    };
-    let q = heads(b.q.forward(h)?, c.num_heads)?;
-    let k = heads(b.k.forward(h)?, kvh)?;
-    let v = b.v.forward(h)?.reshape((n, kvh, hd))?.transpose(0, 1)?.contiguous()?;
-    let (keys, values) = cache.append(&k, &v)?;
-    let total = keys.dim(1)?;
-    let q = q.reshape((kvh, groups * n, hd))?;
-    let scores = (q.matmul(&keys.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-    let scores = match mask {
-        Some(m) => scores.reshape((kvh, groups, n, total))?.broadcast_add(m)?.reshape((kvh, groups * n, total))?,
-        None => scores,
-    };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-    let out = probs.matmul(&values.contiguous()?)?; // (kvh, groups·n, hd)
-    Ok(out.reshape((c.num_heads, n, hd))?.transpose(0, 1)?.reshape((n, c.num_heads * hd))?)
-}
-
-/// (n, pos + n) additive mask: new position i sees cached and new positions up to pos + i.
-fn causal_mask(n: usize, pos: usize, device: &Device) -> Result<Option<Tensor>> {
-    if n == 1 {
-        return Ok(None);
-    }
-    let total = pos + n;
-    let data: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })).collect();
-    Ok(Some(Tensor::from_vec(data, (n, total), device)?))
 }
 
 impl TargetModel for Llama {
@@ -254,7 +182,7 @@ impl TargetModel for Llama {
     }
 
     fn context_len(&self) -> usize {
-        Llama::context_len(self)
+        self.len
     }
 
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
@@ -266,28 +194,27 @@ impl TargetModel for Llama {
         if rows > tokens.len() {
             return Err(Error::setting("rows", rows, "at most the number of tokens fed"));
         }
-        if self.len() + tokens.len() > c.max_context {
-            return Err(Error::ContextTooLong { len: self.len() + tokens.len(), max: c.max_context });
+        if self.len + tokens.len() > c.max_context {
+            return Err(Error::ContextTooLong { len: self.len + tokens.len(), max: c.max_context });
         }
         if tokens.is_empty() {
             return Logits::new(Vec::new(), c.vocab_size);
         }
-        let before = self.len();
-        let result = self.hidden(tokens, rows).and_then(|h| {
-            if rows == 0 {
-                return Ok(Vec::new());
+        let data = match (&weights.weights, &mut self.state) {
+            (Weights::Native(w), State::Native(cache)) => w.forward(c, cache, &self.layers, self.len, tokens, rows)?,
+            (Weights::Candle(w), State::Candle(caches)) => {
+                let before = self.len;
+                let out = w.forward(c, caches, &self.layers, tokens, rows);
+                if out.is_err() {
+                    // A failure part-way leaves some layers longer than others: undo them all.
+                    caches.iter_mut().for_each(|k| k.truncate(before));
+                }
+                out?
             }
-            let logits = weights.lm_head.forward(&h)?;
-            Ok(logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-        });
-        match result {
-            Ok(data) => Logits::new(data, c.vocab_size),
-            Err(e) => {
-                // A failure part-way leaves some layers longer than others: undo them all.
-                self.caches.iter_mut().for_each(|k| k.truncate(before));
-                Err(e)
-            }
-        }
+            _ => return Err(Error::NotReady("model state does not match its engine")),
+        };
+        self.len += tokens.len();
+        Logits::new(data, c.vocab_size)
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {

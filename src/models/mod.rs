@@ -1,5 +1,6 @@
 //! Model implementations.
 
+pub mod candle_llama;
 pub mod config;
 pub mod kv_cache;
 pub mod linear;
@@ -7,4 +8,4 @@ pub mod llama;
 
 pub use config::LlamaConfig;
 pub use linear::WeightFormat;
-pub use llama::{Llama, LlamaWeights};
+pub use llama::{Engine, Llama, LlamaWeights};

@@ -1,0 +1,217 @@
+//! The llama forward pass of the native CPU engine.
+//!
+//! Per block: RMSNorm → one fused q|k|v product → RoPE → cache append → attention → output
+//! product + residual → RMSNorm → one fused gate|up product → SiLU·up → down product +
+//! residual. Products and attention run on the thread team; the element-wise steps are a few
+//! microseconds and run on the calling thread.
+
+use candle_core::Device;
+
+use crate::error::Result;
+use crate::loading::TensorSource;
+use crate::models::config::LlamaConfig;
+use crate::models::linear::WeightFormat;
+use crate::models::llama::{check_shape, rope_angles};
+use crate::native::attention::{self, Shape};
+use crate::native::matmul::{matmul, OutPtr};
+use crate::native::pool::team;
+
+/// A weight matrix, (rows, cols) row-major, as stored in GGUF (out, in).
+#[derive(Debug)]
+pub struct Matrix {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl Matrix {
+    /// Reads and dequantizes tensors stacked by rows (a fused q|k|v or gate|up matrix).
+    fn load(source: &mut dyn TensorSource, parts: &[(&str, usize)], cols: usize) -> Result<Self> {
+        let mut data = Vec::new();
+        for &(name, rows) in parts {
+            let t = source.qtensor(name, &Device::Cpu)?;
+            check_shape(name, t.shape().dims(), &[rows, cols])?;
+            data.extend(t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(Self { rows: data.len() / cols, data, cols })
+    }
+
+    /// `out = x · selfᵀ` for `m` rows of `x`; `out` is resized to m × rows.
+    pub fn apply(&self, x: &[f32], m: usize, out: &mut Vec<f32>) {
+        out.resize(m * self.rows, 0.0);
+        let dst = OutPtr::new(out);
+        let (w, k, n) = (&self.data[..], self.cols, self.rows);
+        // 16-row grains keep each thread's share of weight rows contiguous and even.
+        team().run(&|ctx| matmul(x, m, w, k, n, dst, ctx.share(n, 16)));
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    attn_norm: Vec<f32>,
+    qkv: Matrix,
+    o: Matrix,
+    ffn_norm: Vec<f32>,
+    gate_up: Matrix,
+    down: Matrix,
+}
+
+/// Weights in the layout the native kernels want.
+#[derive(Debug)]
+pub struct NativeWeights {
+    embed: Matrix,
+    blocks: Vec<Block>,
+    norm: Vec<f32>,
+    /// `None` when the output head is tied to the embeddings.
+    lm_head: Option<Matrix>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl NativeWeights {
+    /// True for the weight formats this engine computes with.
+    pub fn supports(format: WeightFormat) -> bool {
+        format == WeightFormat::F32
+    }
+
+    /// Reads every tensor from `source` (GGUF names, interleaved-RoPE row order).
+    ///
+    /// # Errors
+    /// Missing tensors, shape mismatches.
+    pub fn load(source: &mut dyn TensorSource, c: &LlamaConfig, _format: WeightFormat) -> Result<Self> {
+        let (h, q_out, kv_out, ff) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        let mut vector = |name: &str, len: usize| -> Result<Vec<f32>> {
+            let t = source.qtensor(name, &Device::Cpu)?;
+            check_shape(name, t.shape().dims(), &[len])?;
+            Ok(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?)
+        };
+        let norms: Vec<(Vec<f32>, Vec<f32>)> = (0..c.num_layers)
+            .map(|i| Ok((vector(&format!("blk.{i}.attn_norm.weight"), h)?, vector(&format!("blk.{i}.ffn_norm.weight"), h)?)))
+            .collect::<Result<_>>()?;
+        let norm = vector("output_norm.weight", h)?;
+        let mut blocks = Vec::with_capacity(c.num_layers);
+        for (i, (attn_norm, ffn_norm)) in norms.into_iter().enumerate() {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            blocks.push(Block {
+                attn_norm,
+                qkv: Matrix::load(source, &[(&p("attn_q"), q_out), (&p("attn_k"), kv_out), (&p("attn_v"), kv_out)], h)?,
+                o: Matrix::load(source, &[(&p("attn_output"), h)], q_out)?,
+                ffn_norm,
+                gate_up: Matrix::load(source, &[(&p("ffn_gate"), ff), (&p("ffn_up"), ff)], h)?,
+                down: Matrix::load(source, &[(&p("ffn_down"), h)], ff)?,
+            });
+        }
+        let embed = Matrix::load(source, &[("token_embd.weight", c.vocab_size)], h)?;
+        let lm_head = if source.has("output.weight") { Some(Matrix::load(source, &[("output.weight", c.vocab_size)], h)?) } else { None };
+        let angles = rope_angles(c);
+        Ok(Self { embed, blocks, norm, lm_head, cos: angles.iter().map(|a| a.cos()).collect(), sin: angles.iter().map(|a| a.sin()).collect() })
+    }
+
+    /// Runs `tokens` at position `pos` through the blocks in `layers`, appending to `cache`,
+    /// and returns the logits of the last `rows` positions (row-major).
+    ///
+    /// # Errors
+    /// None today; the signature leaves room for kernels that can fail.
+    pub fn forward(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
+        let shape = Shape { heads: c.num_heads, kv_heads: c.num_kv_heads, head_dim: hd };
+        let eps = c.rms_norm_eps as f32;
+        let s = &mut cache.scratch;
+        s.x.clear();
+        for &t in tokens {
+            s.x.extend_from_slice(&self.embed.data[t as usize * h..(t as usize + 1) * h]);
+        }
+        let half = hd / 2;
+        let (cos, sin) = (&self.cos[pos * half..(pos + n) * half], &self.sin[pos * half..(pos + n) * half]);
+        for (slot, &l) in layers.iter().enumerate() {
+            let b = &self.blocks[l];
+            s.xb.resize(n * h, 0.0);
+            attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
+            b.qkv.apply(&s.xb, n, &mut s.qkv);
+            // Split q|k|v rows, rotate q and k, append k and v to the cache.
+            s.q.clear();
+            let kv = &mut cache.layers[slot];
+            kv.keys.truncate(pos * kv_out);
+            kv.values.truncate(pos * kv_out);
+            for row in s.qkv.chunks_exact(q_out + 2 * kv_out) {
+                s.q.extend_from_slice(&row[..q_out]);
+                kv.keys.extend_from_slice(&row[q_out..q_out + kv_out]);
+                kv.values.extend_from_slice(&row[q_out + kv_out..]);
+            }
+            attention::rope(&mut s.q, c.num_heads, hd, cos, sin);
+            attention::rope(&mut kv.keys[pos * kv_out..], c.num_kv_heads, hd, cos, sin);
+            attend(shape, &s.q, &kv.keys, &kv.values, pos, n, &mut s.att);
+            b.o.apply(&s.att, n, &mut s.tmp);
+            s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
+            attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
+            b.gate_up.apply(&s.xb, n, &mut s.gu);
+            s.ff.resize(n * ff, 0.0);
+            attention::silu_gate(&s.gu, ff, &mut s.ff);
+            b.down.apply(&s.ff, n, &mut s.tmp);
+            s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
+        }
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let last = &s.x[(n - rows) * h..];
+        s.xb.resize(rows * h, 0.0);
+        attention::rms_norm(last, &self.norm, eps, &mut s.xb[..rows * h]);
+        let mut logits = Vec::new();
+        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut logits);
+        Ok(logits)
+    }
+}
+
+/// Attention of `n` new rows at `pos` over the cache, the (row, head) pairs shared out over
+/// the thread team; `out` is resized to n × heads·hd.
+fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], pos: usize, n: usize, out: &mut Vec<f32>) {
+    let hd = s.head_dim;
+    out.resize(n * s.heads * hd, 0.0);
+    let dst = OutPtr::new(out);
+    team().run(&|ctx| {
+        let mut scores = Vec::with_capacity(pos + n);
+        for item in ctx.share(n * s.heads, 1) {
+            let (i, h) = (item / s.heads, item % s.heads);
+            let qv = &q[(i * s.heads + h) * hd..][..hd];
+            // SAFETY: each (row, head) item owns its own hd-wide slot of `out`.
+            let slot = unsafe { dst.slice(item * hd, hd) };
+            attention::head(s, qv, keys, values, pos + i + 1, h, &mut scores, slot);
+        }
+    });
+}
+
+#[derive(Debug, Default)]
+struct LayerCache {
+    /// `[pos][kv_head][head_dim]`
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+#[derive(Debug, Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    gu: Vec<f32>,
+    ff: Vec<f32>,
+}
+
+/// The KV cache of one model instance plus reusable buffers. Rolling back is free: the next
+/// forward overwrites from its position on.
+#[derive(Debug, Default)]
+pub struct NativeCache {
+    layers: Vec<LayerCache>,
+    scratch: Scratch,
+}
+
+impl NativeCache {
+    /// An empty cache for `layers` blocks.
+    pub fn new(_c: &LlamaConfig, layers: usize) -> Self {
+        Self { layers: (0..layers).map(|_| LayerCache::default()).collect(), scratch: Scratch::default() }
+    }
+}
