@@ -1,6 +1,40 @@
 //! Causal self-attention of a few new positions over the KV cache, and the small element-wise
-//! steps around it (RMSNorm, RoPE, SiLU·gate). The loops are written plainly and compiled with
-//! AVX-512 or AVX2 enabled where the CPU has it, so the compiler vectorizes them.
+//! steps around it (RMSNorm, RoPE, SiLU·gate). The loops are written plainly and compiled a
+//! second and third time with AVX-512 or AVX2+FMA enabled (see `multiversion!`), so they
+//! vectorize for the CPU at hand.
+
+/// Defines `fn name(args)` that runs its body compiled for AVX-512 or AVX2+FMA when the CPU has
+/// them, else for the baseline. The body is inlined into copies with those features enabled, so
+/// its loops vectorize for them and `mul_add` is one instruction, not a libm call.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512($($arg: $ty),*) { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2($($arg: $ty),*) { body($($arg),*) }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has the features.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: as above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
 
 /// Cache layout: position-major, `[pos][kv_head][head_dim]`, for keys and values alike.
 #[derive(Debug, Clone, Copy)]
@@ -10,40 +44,33 @@ pub struct Shape {
     pub head_dim: usize,
 }
 
-/// Attention for query head `h` of new row `i` (at absolute position `pos + i`): softmax of
-/// `q · k_t / sqrt(hd)` over `t <= pos + i`, times the values. `scores` is scratch space.
-#[allow(clippy::too_many_arguments)]
-pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
-    dispatch(|| head_body(s, q, keys, values, visible, h, scores, out));
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn head_body(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let hd = s.head_dim;
-    let kvh = h / (s.heads / s.kv_heads);
-    let stride = s.kv_heads * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    scores.clear();
-    let mut max = f32::NEG_INFINITY;
-    for t in 0..visible {
-        let k = &keys[t * stride + kvh * hd..][..hd];
-        let d = dot(q, k) * scale;
-        max = max.max(d);
-        scores.push(d);
-    }
-    let mut total = 0.0;
-    for sc in scores.iter_mut() {
-        *sc = (*sc - max).exp();
-        total += *sc;
-    }
-    out.iter_mut().for_each(|o| *o = 0.0);
-    let inv = 1.0 / total;
-    for (t, &p) in scores.iter().enumerate() {
-        let v = &values[t * stride + kvh * hd..][..hd];
-        let w = p * inv;
-        for (o, &x) in out.iter_mut().zip(v) {
-            *o = w.mul_add(x, *o);
+multiversion! {
+    /// Attention for query head `h` of a new row that sees the first `visible` cached
+    /// positions: softmax of `q · k_t / sqrt(hd)`, times the values. `scores` is scratch space.
+    pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+        let hd = s.head_dim;
+        let kvh = h / (s.heads / s.kv_heads);
+        let stride = s.kv_heads * hd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for t in 0..visible {
+            let d = dot(q, &keys[t * stride + kvh * hd..][..hd]) * scale;
+            max = max.max(d);
+            scores.push(d);
+        }
+        let mut total = 0.0;
+        for sc in scores.iter_mut() {
+            *sc = exp(*sc - max);
+            total += *sc;
+        }
+        out.iter_mut().for_each(|o| *o = 0.0);
+        let inv = 1.0 / total;
+        for (t, &p) in scores.iter().enumerate() {
+            let w = p * inv;
+            for (o, &x) in out.iter_mut().zip(&values[t * stride + kvh * hd..][..hd]) {
+                *o = w.mul_add(x, *o);
+            }
         }
     }
 }
@@ -62,9 +89,28 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `out = x / rms(x) * weight`, row by row.
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    dispatch(|| {
+/// e^x to about 2e-7 relative error, in plain arithmetic that vectorizes (the libm call
+/// does not): x = n·ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial, 2^n from the bits.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding then subtracting 1.5·2^23 rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let mut p: f32 = 1.0 / 720.0;
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p.mul_add(r, c);
+    }
+    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+multiversion! {
+    /// `out = x / rms(x) * weight`, row by row.
+    pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         let n = weight.len();
         for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
             let ss: f32 = xr.iter().map(|v| v * v).sum();
@@ -73,59 +119,49 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
                 *o = v * inv * w;
             }
         }
-    });
+    }
 }
 
-/// Rotates each head of `x` (rows of `heads × hd`) by the angles of its position, pairs
-/// (2i, 2i+1) interleaved; `cos`/`sin` hold `hd / 2` values per position starting at row 0.
-pub fn rope(x: &mut [f32], heads: usize, hd: usize, cos: &[f32], sin: &[f32]) {
-    let half = hd / 2;
-    for (i, row) in x.chunks_exact_mut(heads * hd).enumerate() {
-        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
-        for head in row.chunks_exact_mut(hd) {
-            for (p, pair) in head.chunks_exact_mut(2).enumerate() {
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * c[p] - b * s[p];
-                pair[1] = a * s[p] + b * c[p];
+multiversion! {
+    /// Rotates each head of `x` (rows of `heads × hd`) by the angles of its position, pairs
+    /// (2i, 2i+1) interleaved; `cos`/`sin` hold `hd / 2` values per position from row 0 on.
+    pub fn rope(x: &mut [f32], heads: usize, hd: usize, cos: &[f32], sin: &[f32]) {
+        let half = hd / 2;
+        for (i, row) in x.chunks_exact_mut(heads * hd).enumerate() {
+            let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+            for head in row.chunks_exact_mut(hd) {
+                for (p, pair) in head.chunks_exact_mut(2).enumerate() {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = a * c[p] - b * s[p];
+                    pair[1] = a * s[p] + b * c[p];
+                }
             }
         }
     }
 }
 
-/// `out[r][j] = silu(gu[r][j]) * gu[r][ff + j]` for rows of `2·ff` (gate then up).
-pub fn silu_gate(gu: &[f32], ff: usize, out: &mut [f32]) {
-    dispatch(|| {
+multiversion! {
+    /// `out[r][j] = silu(gu[r][j]) * gu[r][ff + j]` for rows of `2·ff` (gate then up).
+    pub fn silu_gate(gu: &[f32], ff: usize, out: &mut [f32]) {
         for (row, o) in gu.chunks_exact(2 * ff).zip(out.chunks_exact_mut(ff)) {
             let (g, u) = row.split_at(ff);
             for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + (-g).exp()) * u;
+                *o = g / (1.0 + exp(-g)) * u;
             }
         }
-    });
+    }
 }
 
-/// Runs `f` compiled for AVX-512 or AVX2 when the CPU has it (the body is inlined into a
-/// function with those features enabled, so its loops vectorize for them).
-#[inline(always)]
-fn dispatch<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,fma")]
-        unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has the features.
-            return unsafe { avx512(f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: as above.
-            return unsafe { avx2(f) };
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate() {
+        for i in -8000..8000 {
+            let x = i as f32 / 100.0;
+            let (got, want) = (exp(x), (x as f64).exp());
+            assert!(((got as f64 - want) / want).abs() < 5e-7, "exp({x}) = {got}, want {want}");
         }
     }
-    f()
 }

@@ -15,34 +15,94 @@ use crate::models::llama::{check_shape, rope_angles};
 use crate::native::attention::{self, Shape};
 use crate::native::matmul::{matmul, OutPtr};
 use crate::native::pool::team;
+use crate::native::quant::{qmatmul, QActs, QMatrix};
+use candle_core::quantized::QTensor;
 
-/// A weight matrix, (rows, cols) row-major, as stored in GGUF (out, in).
+/// A weight matrix, (rows, cols) row-major as stored in GGUF (out, in): f32, or quantized in
+/// the engine's layout.
 #[derive(Debug)]
-pub struct Matrix {
-    data: Vec<f32>,
-    rows: usize,
-    cols: usize,
+pub enum Matrix {
+    /// Plain f32 values.
+    F32 { data: Vec<f32>, rows: usize, cols: usize },
+    /// Quantized blocks.
+    Quant(QMatrix),
 }
 
 impl Matrix {
-    /// Reads and dequantizes tensors stacked by rows (a fused q|k|v or gate|up matrix).
-    fn load(source: &mut dyn TensorSource, parts: &[(&str, usize)], cols: usize) -> Result<Self> {
-        let mut data = Vec::new();
+    /// Reads tensors stacked by rows (a fused q|k|v or gate|up matrix) in `format`. Parts that
+    /// cannot be held quantized (a row length that is not a whole number of blocks, a block
+    /// type the kernels lack) make the whole matrix f32.
+    fn load(source: &mut dyn TensorSource, parts: &[(&str, usize)], cols: usize, format: WeightFormat) -> Result<Self> {
+        let mut loaded = Vec::with_capacity(parts.len());
         for &(name, rows) in parts {
             let t = source.qtensor(name, &Device::Cpu)?;
             check_shape(name, t.shape().dims(), &[rows, cols])?;
-            data.extend(t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?);
+            let target = match format {
+                WeightFormat::F32 => None,
+                WeightFormat::Stored => Some(t.dtype()),
+                WeightFormat::Quantized(q) => Some(q),
+            };
+            loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols % q.block_size() == 0) {
+                Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
+                Some(q) => {
+                    let requant = QTensor::quantize(&t.dequantize(&Device::Cpu)?, q)?;
+                    Self::Quant(QMatrix::from_ggml(q, &requant.data()?, rows, cols)?)
+                }
+                None => Self::F32 { data: t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols },
+            });
         }
-        Ok(Self { rows: data.len() / cols, data, cols })
+        let quant: Vec<QMatrix> = loaded.iter().filter_map(|m| if let Self::Quant(q) = m { Some(q.clone()) } else { None }).collect();
+        if quant.len() == loaded.len() {
+            if let Some(q) = QMatrix::stack(quant) {
+                return Ok(Self::Quant(q));
+            }
+        }
+        // Mixed or unstackable parts: hold the whole matrix in f32.
+        let mut data = Vec::new();
+        for part in &loaded {
+            for r in 0..part.rows() {
+                part.row_into(r, &mut data);
+            }
+        }
+        Ok(Self::F32 { rows: data.len() / cols, data, cols })
     }
 
-    /// `out = x · selfᵀ` for `m` rows of `x`; `out` is resized to m × rows.
-    pub fn apply(&self, x: &[f32], m: usize, out: &mut Vec<f32>) {
-        out.resize(m * self.rows, 0.0);
+    fn rows(&self) -> usize {
+        match self {
+            Self::F32 { rows, .. } => *rows,
+            Self::Quant(q) => q.rows(),
+        }
+    }
+
+    /// Row `r` as f32 values (an embedding lookup).
+    fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        match self {
+            Self::F32 { data, cols, .. } => out.extend_from_slice(&data[r * cols..(r + 1) * cols]),
+            Self::Quant(q) => {
+                let start = out.len();
+                out.resize(start + q.cols(), 0.0);
+                q.dequantize_row(r, &mut out[start..]);
+            }
+        }
+    }
+
+    /// `out = x · selfᵀ` for `m` rows of `x`; `out` is resized to m × rows. `acts` is scratch
+    /// for quantized activations.
+    pub fn apply(&self, x: &[f32], m: usize, out: &mut Vec<f32>, acts: &mut QActs) {
+        out.resize(m * self.rows(), 0.0);
         let dst = OutPtr::new(out);
-        let (w, k, n) = (&self.data[..], self.cols, self.rows);
-        // 16-row grains keep each thread's share of weight rows contiguous and even.
-        team().run(&|ctx| matmul(x, m, w, k, n, dst, ctx.share(n, 16)));
+        match self {
+            Self::F32 { data, rows, cols } => {
+                let (w, k, n) = (&data[..], *cols, *rows);
+                // 16-row grains keep each thread's share of weight rows contiguous and even.
+                team().run(&|ctx| matmul(x, m, w, k, n, dst, ctx.share(n, 16)));
+            }
+            Self::Quant(q) => {
+                acts.quantize(x, m, q.cols());
+                let acts = &*acts;
+                team().run(&|ctx| qmatmul(acts, q, dst, ctx.share(q.rows(), 16)));
+            }
+        }
     }
 }
 
@@ -71,14 +131,17 @@ pub struct NativeWeights {
 impl NativeWeights {
     /// True for the weight formats this engine computes with.
     pub fn supports(format: WeightFormat) -> bool {
-        format == WeightFormat::F32
+        match format {
+            WeightFormat::F32 | WeightFormat::Stored => true,
+            WeightFormat::Quantized(q) => QMatrix::supports(q),
+        }
     }
 
     /// Reads every tensor from `source` (GGUF names, interleaved-RoPE row order).
     ///
     /// # Errors
     /// Missing tensors, shape mismatches.
-    pub fn load(source: &mut dyn TensorSource, c: &LlamaConfig, _format: WeightFormat) -> Result<Self> {
+    pub fn load(source: &mut dyn TensorSource, c: &LlamaConfig, format: WeightFormat) -> Result<Self> {
         let (h, q_out, kv_out, ff) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
         let mut vector = |name: &str, len: usize| -> Result<Vec<f32>> {
             let t = source.qtensor(name, &Device::Cpu)?;
@@ -94,15 +157,15 @@ impl NativeWeights {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             blocks.push(Block {
                 attn_norm,
-                qkv: Matrix::load(source, &[(&p("attn_q"), q_out), (&p("attn_k"), kv_out), (&p("attn_v"), kv_out)], h)?,
-                o: Matrix::load(source, &[(&p("attn_output"), h)], q_out)?,
+                qkv: Matrix::load(source, &[(&p("attn_q"), q_out), (&p("attn_k"), kv_out), (&p("attn_v"), kv_out)], h, format)?,
+                o: Matrix::load(source, &[(&p("attn_output"), h)], q_out, format)?,
                 ffn_norm,
-                gate_up: Matrix::load(source, &[(&p("ffn_gate"), ff), (&p("ffn_up"), ff)], h)?,
-                down: Matrix::load(source, &[(&p("ffn_down"), h)], ff)?,
+                gate_up: Matrix::load(source, &[(&p("ffn_gate"), ff), (&p("ffn_up"), ff)], h, format)?,
+                down: Matrix::load(source, &[(&p("ffn_down"), h)], ff, format)?,
             });
         }
-        let embed = Matrix::load(source, &[("token_embd.weight", c.vocab_size)], h)?;
-        let lm_head = if source.has("output.weight") { Some(Matrix::load(source, &[("output.weight", c.vocab_size)], h)?) } else { None };
+        let embed = Matrix::load(source, &[("token_embd.weight", c.vocab_size)], h, format)?;
+        let lm_head = if source.has("output.weight") { Some(Matrix::load(source, &[("output.weight", c.vocab_size)], h, format)?) } else { None };
         let angles = rope_angles(c);
         Ok(Self { embed, blocks, norm, lm_head, cos: angles.iter().map(|a| a.cos()).collect(), sin: angles.iter().map(|a| a.sin()).collect() })
     }
@@ -121,7 +184,7 @@ impl NativeWeights {
         let s = &mut cache.scratch;
         s.x.clear();
         for &t in tokens {
-            s.x.extend_from_slice(&self.embed.data[t as usize * h..(t as usize + 1) * h]);
+            self.embed.row_into(t as usize, &mut s.x);
         }
         let half = hd / 2;
         let (cos, sin) = (&self.cos[pos * half..(pos + n) * half], &self.sin[pos * half..(pos + n) * half]);
@@ -129,7 +192,7 @@ impl NativeWeights {
             let b = &self.blocks[l];
             s.xb.resize(n * h, 0.0);
             attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
-            b.qkv.apply(&s.xb, n, &mut s.qkv);
+            b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
             // Split q|k|v rows, rotate q and k, append k and v to the cache.
             s.q.clear();
             let kv = &mut cache.layers[slot];
@@ -143,13 +206,13 @@ impl NativeWeights {
             attention::rope(&mut s.q, c.num_heads, hd, cos, sin);
             attention::rope(&mut kv.keys[pos * kv_out..], c.num_kv_heads, hd, cos, sin);
             attend(shape, &s.q, &kv.keys, &kv.values, pos, n, &mut s.att);
-            b.o.apply(&s.att, n, &mut s.tmp);
+            b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
             s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
             attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
-            b.gate_up.apply(&s.xb, n, &mut s.gu);
+            b.gate_up.apply(&s.xb, n, &mut s.gu, &mut s.acts);
             s.ff.resize(n * ff, 0.0);
             attention::silu_gate(&s.gu, ff, &mut s.ff);
-            b.down.apply(&s.ff, n, &mut s.tmp);
+            b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts);
             s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
         }
         if rows == 0 {
@@ -159,7 +222,7 @@ impl NativeWeights {
         s.xb.resize(rows * h, 0.0);
         attention::rms_norm(last, &self.norm, eps, &mut s.xb[..rows * h]);
         let mut logits = Vec::new();
-        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut logits);
+        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut logits, &mut s.acts);
         Ok(logits)
     }
 }
@@ -199,6 +262,7 @@ struct Scratch {
     tmp: Vec<f32>,
     gu: Vec<f32>,
     ff: Vec<f32>,
+    acts: QActs,
 }
 
 /// The KV cache of one model instance plus reusable buffers. Rolling back is free: the next

@@ -30,6 +30,25 @@ impl OutPtr {
         Self { ptr: out.as_mut_ptr(), len: out.len() }
     }
 
+    /// Elements in the view.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty view.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes one element.
+    ///
+    /// # Safety
+    /// No other thread may touch element `i` at the same time.
+    pub unsafe fn write(self, i: usize, value: f32) {
+        assert!(i < self.len, "OutPtr::write out of bounds");
+        *self.ptr.add(i) = value;
+    }
+
     /// The elements `start..start + len` as a slice.
     ///
     /// # Safety

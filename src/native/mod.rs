@@ -6,5 +6,6 @@ pub mod attention;
 pub mod llama;
 pub mod matmul;
 pub mod pool;
+pub mod quant;
 
 pub use llama::{NativeCache, NativeWeights};

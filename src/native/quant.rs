@@ -1,0 +1,469 @@
+//! Quantized weights for the native engine, and their products with a few activation rows.
+//!
+//! Every supported GGUF block type (Q8_0, Q4_0, Q4_1, Q4_K) is repacked at load into one
+//! layout: per 32 values an unsigned code `q` (4 or 8 bits), a scale `d` and an offset `m`,
+//! with `w = d·q + m`. Activations are quantized per 32 values to `x ≈ dx·xq` (i8), so
+//!
+//!   Σ w·x ≈ Σ_blocks ( d·dx·Σ q·xq  +  m·sx ),   sx = dx·Σ xq,
+//!
+//! and the inner sum `Σ q·xq` is an integer dot product: one AVX-512 VNNI `vpdpbusd` covers 64
+//! values (u8 × i8), and each weight block is unpacked once for all activation rows. This is
+//! the scheme llama.cpp uses (quantized activations, integer dots); the single layout keeps one
+//! kernel for all four formats. Rows are padded to a multiple of 64 values with zero blocks.
+
+use std::ops::Range;
+
+use candle_core::quantized::GgmlDType;
+use half::f16;
+
+use crate::error::{Error, Result};
+use crate::native::matmul::OutPtr;
+
+/// Values per chunk the kernels step over (two 32-value blocks).
+const CHUNK: usize = 64;
+
+/// Bits per code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bits {
+    /// Two codes per byte: byte j of a 64-value chunk holds value j (low) and j + 32 (high).
+    Four,
+    /// One code per byte.
+    Eight,
+}
+
+/// A quantized (rows, cols) weight matrix in the engine's layout.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    rows: usize,
+    cols: usize,
+    padded: usize,
+    bits: Bits,
+    qs: Vec<u8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+}
+
+impl QMatrix {
+    /// True for the GGUF block types this layout can hold.
+    pub fn supports(dtype: GgmlDType) -> bool {
+        matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q4K)
+    }
+
+    /// Repacks GGUF blocks of `dtype` (row-major, `rows × cols` values) into this layout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for an unsupported type or sizes that do not fit the bytes.
+    pub fn from_ggml(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        let block = dtype.block_size();
+        let expected = rows * cols / block * dtype.type_size();
+        if !Self::supports(dtype) || cols % block != 0 || bytes.len() != expected {
+            return Err(Error::setting("quantized tensor", format!("{dtype:?} {rows}x{cols}, {} bytes", bytes.len()), "Q8_0, Q4_0, Q4_1 or Q4_K with whole blocks per row"));
+        }
+        let bits = if dtype == GgmlDType::Q8_0 { Bits::Eight } else { Bits::Four };
+        let padded = cols.div_ceil(CHUNK) * CHUNK;
+        let mut out = Self { rows, cols, padded, bits, qs: Vec::new(), d: Vec::new(), m: Vec::new() };
+        let row_bytes = cols / block * dtype.type_size();
+        let (mut codes, mut d, mut m) = (vec![0u8; padded], vec![0f32; padded / 32], vec![0f32; padded / 32]);
+        for row in bytes.chunks_exact(row_bytes) {
+            codes.iter_mut().for_each(|c| *c = 0);
+            d.iter_mut().for_each(|x| *x = 0.0);
+            m.iter_mut().for_each(|x| *x = 0.0);
+            decode_row(dtype, row, &mut codes, &mut d, &mut m);
+            out.push_row(&codes, &d, &m);
+        }
+        Ok(out)
+    }
+
+    fn push_row(&mut self, codes: &[u8], d: &[f32], m: &[f32]) {
+        match self.bits {
+            Bits::Eight => self.qs.extend_from_slice(codes),
+            Bits::Four => {
+                for chunk in codes.chunks_exact(CHUNK) {
+                    self.qs.extend((0..32).map(|j| chunk[j] | (chunk[j + 32] << 4)));
+                }
+            }
+        }
+        self.d.extend_from_slice(d);
+        self.m.extend_from_slice(m);
+    }
+
+    /// Stacks matrices of the same width and code size by rows; `None` for an empty list or
+    /// parts that differ.
+    pub fn stack(parts: Vec<QMatrix>) -> Option<QMatrix> {
+        let mut it = parts.into_iter();
+        let mut first = it.next()?;
+        for p in it {
+            if p.cols != first.cols || p.bits != first.bits {
+                return None;
+            }
+            first.rows += p.rows;
+            first.qs.extend(p.qs);
+            first.d.extend(p.d);
+            first.m.extend(p.m);
+        }
+        Some(first)
+    }
+
+    /// Rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (inputs).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
+    }
+
+    fn row_qs(&self, r: usize) -> &[u8] {
+        let len = match self.bits {
+            Bits::Four => self.padded / 2,
+            Bits::Eight => self.padded,
+        };
+        &self.qs[r * len..(r + 1) * len]
+    }
+
+    /// The code of value `i` of row `r`.
+    fn code(&self, r: usize, i: usize) -> u8 {
+        let qs = self.row_qs(r);
+        match self.bits {
+            Bits::Eight => qs[i],
+            Bits::Four => {
+                let (chunk, j) = (i / CHUNK, i % CHUNK);
+                let byte = qs[chunk * 32 + j % 32];
+                if j < 32 { byte & 0xF } else { byte >> 4 }
+            }
+        }
+    }
+
+    /// Row `r` as f32 values (`cols` of them) into `out`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let nb = self.padded / 32;
+        for (i, o) in out.iter_mut().enumerate().take(self.cols) {
+            let b = r * nb + i / 32;
+            *o = self.d[b] * self.code(r, i) as f32 + self.m[b];
+        }
+    }
+}
+
+/// Decodes one GGUF row into unsigned codes and per-32 scales and offsets (`w = d·q + m`).
+fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: &mut [f32]) {
+    let h = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    match dtype {
+        GgmlDType::Q8_0 => {
+            for (b, blk) in row.chunks_exact(34).enumerate() {
+                d[b] = h(blk, 0);
+                m[b] = -128.0 * d[b];
+                for (j, &q) in blk[2..].iter().enumerate() {
+                    codes[b * 32 + j] = (q as i8 as i16 + 128) as u8;
+                }
+            }
+        }
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 => {
+            let size = dtype.type_size();
+            for (b, blk) in row.chunks_exact(size).enumerate() {
+                d[b] = h(blk, 0);
+                m[b] = if dtype == GgmlDType::Q4_0 { -8.0 * d[b] } else { h(blk, 2) };
+                let qs = &blk[size - 16..];
+                for j in 0..16 {
+                    codes[b * 32 + j] = qs[j] & 0xF;
+                    codes[b * 32 + j + 16] = qs[j] >> 4;
+                }
+            }
+        }
+        GgmlDType::Q4K => {
+            for (s, blk) in row.chunks_exact(144).enumerate() {
+                let (dd, dmin) = (h(blk, 0), h(blk, 2));
+                let (scales, qs) = (&blk[4..16], &blk[16..]);
+                for j in 0..8 {
+                    let (sc, mn) = scale_min_k4(j, scales);
+                    d[s * 8 + j] = dd * sc as f32;
+                    m[s * 8 + j] = -(dmin * mn as f32);
+                }
+                for c in 0..4 {
+                    for j in 0..32 {
+                        let byte = qs[c * 32 + j];
+                        codes[s * 256 + c * 64 + j] = byte & 0xF;
+                        codes[s * 256 + c * 64 + 32 + j] = byte >> 4;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` of a Q4_K super-block.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Activation rows quantized per 32 values: `xq` (i8), `dx`, `sx = dx·Σxq`, and `dx`
+/// broadcast per 64-value chunk as 8 + 8 lanes for the AVX-512 kernel.
+#[derive(Debug, Default)]
+pub struct QActs {
+    rows: usize,
+    padded: usize,
+    xq: Vec<i8>,
+    dx: Vec<f32>,
+    sx: Vec<f32>,
+    dx_lanes: Vec<f32>,
+}
+
+impl QActs {
+    /// Quantizes `m` rows of `x` (each `k` long) for products with matrices of `k` columns.
+    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
+        let padded = k.div_ceil(CHUNK) * CHUNK;
+        let nb = padded / 32;
+        self.rows = m;
+        self.padded = padded;
+        self.xq.clear();
+        self.xq.resize(m * padded, 0);
+        self.dx.clear();
+        self.sx.clear();
+        self.dx_lanes.clear();
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            for b in 0..nb {
+                let vals = &row[(b * 32).min(k)..((b + 1) * 32).min(k)];
+                let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let mut sum = 0i32;
+                for (j, &v) in vals.iter().enumerate() {
+                    let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                    self.xq[r * padded + b * 32 + j] = q;
+                    sum += q as i32;
+                }
+                self.dx.push(d);
+                self.sx.push(d * sum as f32);
+            }
+            for c in 0..padded / CHUNK {
+                let (a, b) = (self.dx[r * nb + 2 * c], self.dx[r * nb + 2 * c + 1]);
+                self.dx_lanes.extend([a; 8]);
+                self.dx_lanes.extend([b; 8]);
+            }
+        }
+    }
+}
+
+/// Columns `cols` of `out = x · wᵀ` (m × w.rows, row-major) for activations `a` quantized from
+/// `x`. Threads given disjoint `cols` may run at once on the same `out`.
+pub fn qmatmul(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+    assert!(a.padded == w.padded && cols.end <= w.rows && out.len() >= a.rows * w.rows, "qmatmul sizes");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the features are present and the sizes were checked above.
+            return unsafe { x86::qmatmul_vnni(a, w, out, cols) };
+        }
+    }
+    qmatmul_portable(a, w, out, cols)
+}
+
+/// The reference kernel, also the fallback.
+pub fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+    assert!(a.padded == w.padded && cols.end <= w.rows && out.len() >= a.rows * w.rows, "qmatmul sizes");
+    let nb = w.padded / 32;
+    for c in cols {
+        for r in 0..a.rows {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let mut dot = 0i32;
+                for i in b * 32..(b + 1) * 32 {
+                    dot += w.code(c, i) as i32 * a.xq[r * a.padded + i] as i32;
+                }
+                acc += w.d[c * nb + b] * a.dx[r * nb + b] * dot as f32 + w.m[c * nb + b] * a.sx[r * nb + b];
+            }
+            // SAFETY: r < rows and c < w.rows, inside `out` (checked above).
+            unsafe { out.write(r * w.rows + c, acc) };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Bits, QActs, QMatrix, CHUNK};
+    use crate::native::matmul::OutPtr;
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    /// Weight rows per tile and activation rows per group.
+    const TILE: usize = 4;
+    const GROUP: usize = 4;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+        let mut c = cols.start;
+        while c < cols.end {
+            let tile = if cols.end - c >= TILE { TILE } else { 1 };
+            let mut r = 0;
+            while r < a.rows {
+                let g = (a.rows - r).min(GROUP);
+                match (g, tile) {
+                    (1, TILE) => tile_vnni::<1, TILE>(a, w, r, c, out),
+                    (2, TILE) => tile_vnni::<2, TILE>(a, w, r, c, out),
+                    (3, TILE) => tile_vnni::<3, TILE>(a, w, r, c, out),
+                    (4, TILE) => tile_vnni::<4, TILE>(a, w, r, c, out),
+                    (1, _) => tile_vnni::<1, 1>(a, w, r, c, out),
+                    (2, _) => tile_vnni::<2, 1>(a, w, r, c, out),
+                    (3, _) => tile_vnni::<3, 1>(a, w, r, c, out),
+                    _ => tile_vnni::<4, 1>(a, w, r, c, out),
+                }
+                r += g;
+            }
+            c += tile;
+        }
+    }
+
+    /// 64 codes of chunk `p` of weight row `c` as bytes in value order.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    unsafe fn codes(w: &QMatrix, c: usize, p: usize) -> __m512i {
+        match w.bits {
+            Bits::Eight => _mm512_loadu_si512(w.qs.as_ptr().add(c * w.padded + p * CHUNK) as *const _),
+            Bits::Four => {
+                let packed = _mm256_loadu_si256(w.qs.as_ptr().add(c * w.padded / 2 + p * 32) as *const __m256i);
+                let mask = _mm256_set1_epi8(0x0F);
+                let lo = _mm256_and_si256(packed, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: OutPtr) {
+        let nb = w.padded / 32;
+        let chunks = w.padded / CHUNK;
+        let pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        for p in 0..chunks {
+            let mut wq = [_mm512_setzero_si512(); R];
+            let mut wd = [_mm512_setzero_ps(); R];
+            for c in 0..R {
+                wq[c] = codes(w, c0 + c, p);
+                let pair = _mm_castsi128_ps(_mm_loadl_epi64(w.d.as_ptr().add((c0 + c) * nb + 2 * p) as *const __m128i));
+                wd[c] = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(pair));
+            }
+            for r in 0..M {
+                let row = r0 + r;
+                let xq = _mm512_loadu_si512(a.xq.as_ptr().add(row * a.padded + p * CHUNK) as *const _);
+                let dx = _mm512_loadu_ps(a.dx_lanes.as_ptr().add((row * chunks + p) * 16));
+                for c in 0..R {
+                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[c], xq);
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd[c], dx), acc[r][c]);
+                }
+            }
+        }
+        for r in 0..M {
+            let row = r0 + r;
+            for c in 0..R {
+                let col = c0 + c;
+                let (wm, sx) = (&w.m[col * nb..(col + 1) * nb], &a.sx[row * nb..(row + 1) * nb]);
+                let offset: f32 = wm.iter().zip(sx).map(|(m, s)| m * s).sum();
+                out.write(row * w.rows + col, _mm512_reduce_add_ps(acc[r][c]) + offset);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        (0..len).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2000) as f32 / 1000.0 - 1.0).collect()
+    }
+
+    /// Quantizes with candle, repacks, and compares the dequantized rows with candle's.
+    fn repack(dtype: GgmlDType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
+        let w = Tensor::from_vec(data(rows * cols, 7), (rows, cols), &Device::Cpu).expect("tensor");
+        let q = QTensor::quantize(&w, dtype).expect("quantize");
+        let deq = q.dequantize(&Device::Cpu).expect("dequantize").flatten_all().expect("flat").to_vec1::<f32>().expect("vec");
+        let m = QMatrix::from_ggml(dtype, &q.data().expect("bytes"), rows, cols).expect("repack");
+        (m, deq)
+    }
+
+    const TYPES: [GgmlDType; 4] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q4K];
+
+    #[test]
+    fn repacked_rows_dequantize_like_candle() {
+        for dtype in TYPES {
+            let (rows, cols) = (5, 512);
+            let (m, deq) = repack(dtype, rows, cols);
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequantize_row(r, &mut row);
+                for (a, b) in row.iter().zip(&deq[r * cols..]) {
+                    assert!((a - b).abs() <= 1e-5, "{dtype:?}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// Every kernel, every format, 1..=9 activation rows and odd row counts, against the product
+    /// of the dequantized weights with the (unquantized) activations.
+    #[test]
+    fn kernels_match_the_dequantized_product() {
+        type Kernel = fn(&QActs, &QMatrix, OutPtr, Range<usize>);
+        let mut kernels: Vec<(&str, Kernel)> = vec![("portable", qmatmul_portable), ("dispatch", qmatmul)];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw") {
+            kernels.push(("vnni", |a, w, o, c| unsafe { x86::qmatmul_vnni(a, w, o, c) }));
+        }
+        for dtype in TYPES {
+            for &(n, k) in &[(7usize, 256usize), (13, 512), (3, 768)] {
+                let (w, deq) = repack(dtype, n, k);
+                for m in 1..=9 {
+                    let x = data(m * k, 3);
+                    let want: Vec<f32> = (0..m).flat_map(|r| (0..n).map({ let (x, deq) = (&x, &deq); move |c| (0..k).map(|i| x[r * k + i] * deq[c * k + i]).sum::<f32>() })).collect();
+                    let mut acts = QActs::default();
+                    acts.quantize(&x, m, k);
+                    for (name, kernel) in &kernels {
+                        let mut got = vec![f32::NAN; m * n];
+                        let out = OutPtr::new(&mut got);
+                        kernel(&acts, &w, out, 0..n / 2);
+                        kernel(&acts, &w, out, n / 2..n);
+                        // Activations are quantized to 8 bits: allow 1 % of the row's scale.
+                        let scale: f32 = want.iter().fold(1e-3, |s, v| s.max(v.abs()));
+                        for (g, e) in got.iter().zip(&want) {
+                            assert!((g - e).abs() <= 0.01 * scale, "{name} {dtype:?} m{m} n{n} k{k}: {g} vs {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_agree_exactly_with_the_portable_reference() {
+        // Same quantized inputs: the integer parts are exact, so only f32 rounding may differ.
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw") {
+            for dtype in TYPES {
+                let (w, _) = repack(dtype, 9, 512);
+                let x = data(5 * 512, 11);
+                let mut acts = QActs::default();
+                acts.quantize(&x, 5, 512);
+                let (mut a, mut b) = (vec![0f32; 45], vec![0f32; 45]);
+                qmatmul_portable(&acts, &w, OutPtr::new(&mut a), 0..9);
+                unsafe { x86::qmatmul_vnni(&acts, &w, OutPtr::new(&mut b), 0..9) };
+                for (p, q) in a.iter().zip(&b) {
+                    assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{dtype:?}: {p} vs {q}");
+                }
+            }
+        }
+    }
+}
