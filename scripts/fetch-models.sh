@@ -17,9 +17,13 @@ verify() { # file sha256
 stories=tinyllamas-stories-260k-f32.gguf
 stories_sha=c14806920629b6c217445c69d7ac61bd0e4047289f8ab824c3f0b4f827a5d1cb
 if ! verify "$dest/$stories" $stories_sha; then
-  src="$here/../shared/models/$stories"
-  if [ -f "$src" ]; then
+  src=""
+  for dir in "${SPECDEC_SHARED_MODELS:-}" "$here/../shared/models" /work/shared/models; do
+    if [ -n "$dir" ] && [ -f "$dir/$stories" ]; then src="$dir/$stories"; break; fi
+  done
+  if [ -n "$src" ]; then
     cp "$src" "$dest/$stories.tmp"
+    chmod u+w "$dest/$stories.tmp"
   else # the same file as published in crabml/crabml's test data
     curl -fsSL -o "$dest/$stories.tmp" \
       "https://github.com/crabml/crabml/raw/0151f893c2ef86192bfb24fc7823779391bf0ea3/testdata/$stories"
