@@ -34,9 +34,11 @@
 //! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
+//! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
 //! - [`toy`]: Markov-chain models for tests and simulation.
 
+pub mod adaptive;
 pub mod decoder;
 pub mod error;
 pub mod kernel;
@@ -50,6 +52,7 @@ pub mod tokenizer;
 pub mod tools;
 pub mod toy;
 
+pub use adaptive::{KController, KPolicy, RoundReport};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
