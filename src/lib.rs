@@ -33,6 +33,7 @@
 //! - [`kernel`]: the accept/reject rule on probability rows (pure, RNG passed in).
 //! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
+//! - [`draft`]: drafters without a model: [`NGramDraft`] (prompt lookup).
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
@@ -40,6 +41,7 @@
 
 pub mod adaptive;
 pub mod decoder;
+pub mod draft;
 pub mod error;
 pub mod kernel;
 pub mod loading;
@@ -54,6 +56,7 @@ pub mod toy;
 
 pub use adaptive::{KController, KPolicy, RoundReport};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
+pub use draft::NGramDraft;
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{DraftModel, Logits, Proposal, TargetModel};
