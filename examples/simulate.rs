@@ -1,5 +1,7 @@
 //! Reproduces the seed's Section 3 on toy Markov models: (a) single-step exactness, (b) a
-//! noise sweep of acceptance and speedup at k = 4, (c) a sweep over k with the best k marked.
+//! noise sweep of acceptance and speedup at k = 4, (c) a sweep over k with the best k marked;
+//! then (d) the k policies of Section 6 on the geometric model: the best fixed k against the
+//! grow/shrink schedule and the adaptive controller.
 //!
 //! Speedup here is the seed's cost model (a draft call costs `c` target calls), not wall time.
 //!
@@ -8,12 +10,12 @@
 use anyhow::Result;
 use clap::Parser;
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
 use specdec::stats::expected_tokens_per_call;
 use specdec::toy::MarkovModel;
-use specdec::{SamplingConfig, SpeculativeDecoder, Stats};
+use specdec::{KController, KPolicy, RoundReport, SamplingConfig, SpeculativeDecoder, Stats};
 
 #[derive(Parser)]
 struct Args {
@@ -26,6 +28,9 @@ struct Args {
     /// Cost of a draft call in target calls.
     #[arg(long, default_value_t = 0.15)]
     cost_ratio: f64,
+    /// Table (d): extra cost of verifying each additional row, in target calls.
+    #[arg(long, default_value_t = 0.1)]
+    verify_slope: f64,
     /// Write an SVG plot of speedup against k to this file.
     #[arg(long)]
     plot: Option<String>,
@@ -64,7 +69,39 @@ fn main() -> Result<()> {
         std::fs::write(&path, svg(&rows))?;
         println!("wrote {path}");
     }
+    policies(args.rounds, args.verify_slope)?;
     Ok(())
+}
+
+/// Table (d): speedups of the k policies when a draft call costs c, verifying m rows costs
+/// 1 + slope·(m − 1) and each drafted position passes with probability α.
+fn policies(rounds: usize, slope: f64) -> Result<()> {
+    println!("\n(d) k policies, geometric model, {rounds} rounds, verification slope {slope}");
+    println!("{:>5} {:>5} {:>7} {:>9} {:>12} {:>9}", "alpha", "c", "best k", "fixed", "grow/shrink", "adaptive");
+    for (alpha, c) in [(0.5, 0.05), (0.5, 0.3), (0.7, 0.05), (0.7, 0.15), (0.9, 0.05), (0.9, 0.3), (0.1, 0.3)] {
+        let run = |policy| policy_speedup(policy, alpha, c, slope, rounds);
+        let fixed = (1..=8).map(|k| Ok((k, run(KPolicy::Fixed(k))?))).collect::<Result<Vec<_>>>()?;
+        let (k, fixed) = fixed.into_iter().fold((0, 0.0), |best, r| if r.1 > best.1 { r } else { best });
+        let (grow, adaptive) = (run(KPolicy::GrowShrink { start: 1, max: 8 })?, run(KPolicy::Adaptive { max: 8 })?);
+        println!("{alpha:5.1} {c:5.2} {k:7} {fixed:9.3} {grow:12.3} {adaptive:9.3}");
+    }
+    println!("speedup = tokens / cost in target calls; plain decoding is 1.000.");
+    Ok(())
+}
+
+fn policy_speedup(policy: KPolicy, alpha: f64, c: f64, slope: f64, rounds: usize) -> Result<f64> {
+    let mut ctl = KController::new(policy)?;
+    let mut rng = StdRng::seed_from_u64(42);
+    let (mut tokens, mut cost) = (0.0, 0.0);
+    for _ in 0..rounds {
+        let k = ctl.next_k();
+        let accepted = (0..k).take_while(|_| rng.random::<f64>() < alpha).count();
+        let (draft_secs, target_secs) = (k as f64 * c, 1.0 + slope * k as f64);
+        ctl.observe(&RoundReport { drafted: k, accepted, draft_calls: k, draft_secs, target_rows: k + 1, target_secs });
+        tokens += (accepted + 1) as f64;
+        cost += draft_secs + target_secs;
+    }
+    Ok(tokens / cost)
 }
 
 /// Table (a): the seed's misaligned (p, q), one speculative step at a time.

@@ -6,6 +6,7 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::adaptive::{KController, KPolicy, RoundReport};
 use crate::error::{Error, Result};
 use crate::kernel::{self, DraftRow, Verdict};
 use crate::model::{DraftModel, Proposal, TargetModel};
@@ -77,15 +78,22 @@ pub(crate) fn timed<R>(secs: &mut f64, f: impl FnOnce() -> R) -> R {
 pub struct DecoderBuilder<D, T> {
     draft: D,
     target: T,
-    k: usize,
+    policy: KPolicy,
     sampling: SamplingConfig,
     stop: StopRule,
 }
 
 impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
-    /// Drafted tokens per round (default 4).
+    /// Drafted tokens per round (default 4): shorthand for `k_policy(KPolicy::Fixed(k))`.
     pub fn k(mut self, k: usize) -> Self {
-        self.k = k;
+        self.policy = KPolicy::Fixed(k);
+        self
+    }
+
+    /// How k is chosen each round: fixed, adaptive to the measured acceptance and costs, or
+    /// grown and shrunk with the blocks (see [`KPolicy`]).
+    pub fn k_policy(mut self, policy: KPolicy) -> Self {
+        self.policy = policy;
         self
     }
 
@@ -116,12 +124,11 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
     /// Checks the settings and the model pair.
     ///
     /// # Errors
-    /// [`Error::InvalidSetting`] for k = 0, [`Error::VocabMismatch`] when the models disagree,
-    /// [`Error::TokenOutOfRange`] for a stop token outside the vocabulary.
+    /// [`Error::InvalidSetting`] for k = 0 or a k policy out of range (see [`KController::new`]),
+    /// [`Error::VocabMismatch`] when the models disagree, [`Error::TokenOutOfRange`] for a stop
+    /// token outside the vocabulary.
     pub fn build(self) -> Result<SpeculativeDecoder<D, T>> {
-        if self.k == 0 {
-            return Err(Error::setting("k", 0, "at least 1 drafted token per round"));
-        }
+        let k = KController::new(self.policy)?;
         let (draft, target) = (self.draft.vocab_size(), self.target.vocab_size());
         if draft != target {
             return Err(Error::VocabMismatch { draft, target });
@@ -131,7 +138,7 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             rng: StdRng::seed_from_u64(self.sampling.seed()),
             draft: self.draft,
             target: self.target,
-            k: self.k,
+            k,
             sampling: self.sampling,
             stop: self.stop,
             ctx: Vec::new(),
@@ -149,7 +156,10 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
 /// Use [`generate`](Self::generate) for a whole generation, [`generate_with`](Self::generate_with)
 /// to stream tokens as they are accepted, or [`start`](Self::start) and [`step`](Self::step) to
 /// drive it round by round. The random number generator carries on from one generation to the
-/// next; a decoder built with the same seed repeats the same sequence of generations.
+/// next; a decoder built with the same seed repeats the same sequence of generations (unless
+/// k is [`KPolicy::Adaptive`] and sampling is random: then k follows the measured times, and
+/// the draws with it). The k controller, too, carries what it learned from one generation to
+/// the next.
 ///
 /// A failed step leaves the tokens produced so far in place and both models rolled back to
 /// them, so `step` can be called again; if even the roll-back fails, `step` reports
@@ -157,7 +167,7 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
 pub struct SpeculativeDecoder<D, T> {
     draft: D,
     target: T,
-    k: usize,
+    k: KController,
     sampling: SamplingConfig,
     stop: StopRule,
     rng: StdRng,
@@ -181,7 +191,13 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// # Ok::<(), specdec::Error>(())
     /// ```
     pub fn builder(draft: D, target: T) -> DecoderBuilder<D, T> {
-        DecoderBuilder { draft, target, k: 4, sampling: SamplingConfig::greedy(), stop: StopRule::default() }
+        DecoderBuilder {
+            draft,
+            target,
+            policy: KPolicy::default(),
+            sampling: SamplingConfig::greedy(),
+            stop: StopRule::default(),
+        }
     }
 
     /// Generates from `prompt` until a stop token or `max_new_tokens`.
@@ -280,9 +296,15 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         &self.stats
     }
 
-    /// Drafted tokens per round.
+    /// The k the latest round asked for (before any round, the k the first will ask for); a
+    /// round drafts fewer when the drafter runs dry or the generation is about to end.
     pub fn k(&self) -> usize {
-        self.k
+        self.k.k()
+    }
+
+    /// The controller that chooses k, with its policy and estimates.
+    pub fn k_controller(&self) -> &KController {
+        &self.k
     }
 
     /// The draft model.
@@ -301,11 +323,24 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     }
 
     /// One round: draft, verify in one target call, roll back. Returns the verdict.
+    ///
+    /// k = 0 is a plain step: the target verifies only the pending token and the kernel's bonus
+    /// path samples the next one from its row.
     fn round(&mut self) -> Result<Verdict> {
         let n = self.ctx.len();
         let remaining = self.stop.max_new_tokens - (n - self.prompt_len);
-        let (drafted, dense) = self.draft_block(self.k.min(remaining - 1))?;
+        let k = self.k.next_k().min(remaining - 1);
+        let before = (self.stats.draft_calls, self.stats.draft_secs, self.stats.target_secs);
+        let (drafted, dense) = self.draft_block(k)?;
         let verdict = self.verify(&drafted, &dense)?;
+        self.k.observe(&RoundReport {
+            drafted: drafted.len(),
+            accepted: verdict.accepted,
+            draft_calls: self.stats.draft_calls - before.0,
+            draft_secs: self.stats.draft_secs - before.1,
+            target_rows: drafted.len() + 1,
+            target_secs: self.stats.target_secs - before.2,
+        });
         self.stats.drafted += drafted.len();
         self.stats.accepted += verdict.accepted;
         self.stats.rejections += usize::from(verdict.accepted < drafted.len());

@@ -33,11 +33,15 @@
 //! - [`kernel`]: the accept/reject rule on probability rows (pure, RNG passed in).
 //! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
+//! - [`draft`]: drafters without a model: [`NGramDraft`] (prompt lookup).
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
+//! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
 //! - [`toy`]: Markov-chain models for tests and simulation.
 
+pub mod adaptive;
 pub mod decoder;
+pub mod draft;
 pub mod error;
 pub mod kernel;
 pub mod loading;
@@ -51,7 +55,9 @@ pub mod tokenizer;
 pub mod tools;
 pub mod toy;
 
+pub use adaptive::{KController, KPolicy, RoundReport};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
+pub use draft::NGramDraft;
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{DraftModel, Logits, Proposal, TargetModel};

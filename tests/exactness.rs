@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, exact_window, processed_row};
+use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
@@ -106,18 +106,7 @@ fn check_sequences<D: DraftModel>(name: &str, draft: D, target: &MarkovModel, cf
         .seed(1000 + k as u64)
         .max_new_tokens(k + 3)
         .build()?;
-    let windows = [0, k];
-    let exact: Vec<Vec<f64>> = windows.iter().map(|&s| exact_window(target, cfg, &PROMPT, s, 3)).collect();
-    let mut counts = vec![vec![0u64; VOCAB.pow(3)]; windows.len()];
-    for _ in 0..SAMPLES {
-        let out = dec.generate(&PROMPT)?;
-        for (w, &s) in windows.iter().enumerate() {
-            counts[w][cell(&out.tokens, s, 3, VOCAB)] += 1;
-        }
-    }
-    for (w, &s) in windows.iter().enumerate() {
-        assert_fits(&format!("{name}, k = {k}, tokens {s}..{}", s + 3), &counts[w], &exact[w]);
-    }
+    check_windows(&format!("{name}, k = {k}"), &mut dec, target, cfg, &PROMPT, k, SAMPLES)?;
     Ok(())
 }
 

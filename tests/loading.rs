@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::loading::{hub, safetensors::interleaved_to_hf, GgufFile, TensorSource};
 use specdec::{Error, Llama, ModelFiles, PlainDecoder, Result, SamplingConfig, WeightFormat};

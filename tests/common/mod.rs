@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use specdec::toy::MarkovModel;
-use specdec::SamplingConfig;
+use specdec::{DraftModel, Result, SamplingConfig, SpeculativeDecoder, Stats, TargetModel};
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
 /// Every goodness-of-fit test here rejects below this p-value: with fixed seeds it never
@@ -52,14 +52,26 @@ pub fn chi_square(counts: &[u64], probs: &[f64]) -> Fit {
 pub fn assert_fits(what: &str, counts: &[u64], probs: &[f64]) {
     let fit = chi_square(counts, probs);
     eprintln!("{what}: chi-square {:.1} on {} df, p = {:.3}", fit.statistic, fit.df, fit.p_value);
-    assert!(fit.p_value >= SIGNIFICANCE, "{what}: chi-square {:.1} on {} df, p = {:.3e} < {SIGNIFICANCE:e}", fit.statistic, fit.df, fit.p_value);
+    assert!(
+        fit.p_value >= SIGNIFICANCE,
+        "{what}: chi-square {:.1} on {} df, p = {:.3e} < {SIGNIFICANCE:e}",
+        fit.statistic,
+        fit.df,
+        fit.p_value
+    );
 }
 
 /// Panics unless the statistic rejects `counts` (the power check on a biased sampler).
 pub fn assert_rejects(what: &str, counts: &[u64], probs: &[f64]) {
     let fit = chi_square(counts, probs);
     eprintln!("{what} (biased): chi-square {:.1} on {} df, p = {:.3e}", fit.statistic, fit.df, fit.p_value);
-    assert!(fit.p_value < SIGNIFICANCE, "{what}: a biased sampler passed: chi-square {:.1} on {} df, p = {:.3e}", fit.statistic, fit.df, fit.p_value);
+    assert!(
+        fit.p_value < SIGNIFICANCE,
+        "{what}: a biased sampler passed: chi-square {:.1} on {} df, p = {:.3e}",
+        fit.statistic,
+        fit.df,
+        fit.p_value
+    );
 }
 
 /// The row `target` samples from after `context`, processed by `cfg`, in f64.
@@ -95,7 +107,15 @@ pub fn exact_window(target: &MarkovModel, cfg: &SamplingConfig, prompt: &[u32], 
     out
 }
 
-fn window(target: &MarkovModel, cfg: &SamplingConfig, last: [u32; 2], left: usize, cell: usize, w: f64, out: &mut [f64]) {
+fn window(
+    target: &MarkovModel,
+    cfg: &SamplingConfig,
+    last: [u32; 2],
+    left: usize,
+    cell: usize,
+    w: f64,
+    out: &mut [f64],
+) {
     if left == 0 {
         out[cell] += w;
         return;
@@ -109,6 +129,43 @@ fn window(target: &MarkovModel, cfg: &SamplingConfig, last: [u32; 2], left: usiz
 /// The cell of `tokens[start..start + len]` in an [`exact_window`] table.
 pub fn cell(tokens: &[u32], start: usize, len: usize, vocab: usize) -> usize {
     tokens[start..start + len].iter().fold(0, |c, &t| c * vocab + t as usize)
+}
+
+/// Runs `samples` generations of `decoder` from `prompt` (the decoder must produce at least
+/// `second + 3` tokens) and checks the joint distribution of generated tokens 0..3 and
+/// `second..second + 3` against `target` sampling alone with `cfg`. Returns the counters summed
+/// over all generations, so that a test can check that drafting actually happened.
+pub fn check_windows<D: DraftModel, T: TargetModel>(
+    name: &str,
+    decoder: &mut SpeculativeDecoder<D, T>,
+    target: &MarkovModel,
+    cfg: &SamplingConfig,
+    prompt: &[u32],
+    second: usize,
+    samples: usize,
+) -> Result<Stats> {
+    let vocab = target.vocab();
+    let windows = [0, second];
+    let exact: Vec<Vec<f64>> = windows.iter().map(|&s| exact_window(target, cfg, prompt, s, 3)).collect();
+    let mut counts = vec![vec![0u64; vocab.pow(3)]; windows.len()];
+    let mut total = Stats::default();
+    for _ in 0..samples {
+        let out = decoder.generate(prompt)?;
+        for (w, &s) in windows.iter().enumerate() {
+            counts[w][cell(&out.tokens, s, 3, vocab)] += 1;
+        }
+        let s = out.stats;
+        total.new_tokens += s.new_tokens;
+        total.target_calls += s.target_calls;
+        total.draft_calls += s.draft_calls;
+        total.drafted += s.drafted;
+        total.accepted += s.accepted;
+        total.rejections += s.rejections;
+    }
+    for (w, &s) in windows.iter().enumerate() {
+        assert_fits(&format!("{name}, tokens {s}..{}", s + 3), &counts[w], &exact[w]);
+    }
+    Ok(total)
 }
 
 pub mod models;

@@ -1,0 +1,369 @@
+//! Choosing k, the number of drafted tokens, round by round.
+//!
+//! The seed's speedup S(k, α, c) has an interior optimum in k that moves with the acceptance
+//! rate α and the cost of a draft call (its Sections 2.4, 3.5 and 6). [`KController`] follows it:
+//! it estimates α, the time of a draft call and the time of a target call that verifies m rows,
+//! and each round picks the k with the most expected tokens per unit of time, k = 0 (a plain
+//! step) when speculation does not pay. Decoding stays exact whatever k is picked, because k is
+//! fixed from past rounds before the round's own random draws.
+
+mod speedup;
+
+pub use speedup::{best_k, expected_speedup, verify_costs};
+
+use crate::error::{Error, Result};
+
+/// How the decoder chooses k each round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KPolicy {
+    /// Always draft this many tokens (at least 1).
+    Fixed(usize),
+    /// Each round, the k in `0..=max` with the best expected speedup, from the measured
+    /// acceptance and call times (see [`KController`]). As k then depends on timings, sampled
+    /// outputs are not reproducible from the seed alone; greedy outputs are.
+    Adaptive {
+        /// The largest k to consider (1..=[`MAX_ADAPTIVE_K`]).
+        max: usize,
+    },
+    /// The common schedule: start at `start`, one more after a fully accepted block (up to
+    /// `max`), one fewer after a rejection (down to 1).
+    GrowShrink {
+        /// The first k (1..=max).
+        start: usize,
+        /// The largest k.
+        max: usize,
+    },
+}
+
+impl Default for KPolicy {
+    /// `Fixed(4)`.
+    fn default() -> Self {
+        KPolicy::Fixed(4)
+    }
+}
+
+/// The largest `max` of [`KPolicy::Adaptive`]: it keeps one cost estimate per block length.
+pub const MAX_ADAPTIVE_K: usize = 64;
+
+/// What one round did and cost, as the decoder reports it to the [`KController`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoundReport {
+    /// Tokens drafted (fewer than k when the drafter proposed nothing).
+    pub drafted: usize,
+    /// Drafted tokens accepted.
+    pub accepted: usize,
+    /// Draft `propose` calls (including one that proposed nothing).
+    pub draft_calls: usize,
+    /// Seconds in those calls.
+    pub draft_secs: f64,
+    /// Rows the target verified: `drafted + 1`.
+    pub target_rows: usize,
+    /// Seconds in the target call.
+    pub target_secs: f64,
+}
+
+/// Prior acceptance, worth `PRIOR_TRIALS` observed positions: optimistic enough that a new
+/// controller drafts, and so measures, before it settles.
+const PRIOR_ALPHA: f64 = 0.7;
+const PRIOR_TRIALS: f64 = 2.0;
+/// Each drafting round discounts the acceptance evidence by this factor (a window of about 30
+/// rounds), so α follows the text as it changes;
+const ALPHA_DECAY: f64 = 0.97;
+/// each plain round by this one, so that while decoding plainly the estimate rests on the last
+/// few probes (one drafted position each): old enough to be steady, recent enough that a draft
+/// turning good is noticed within a few probes.
+const PLAIN_DECAY: f64 = 0.995;
+/// Weight of a new time in its moving average.
+const COST_WEIGHT: f64 = 0.1;
+/// Before a draft call is timed, it is assumed to cost this fraction of a one-row target call.
+const PRIOR_DRAFT_COST: f64 = 0.1;
+/// Before two block lengths are timed, verifying m rows is assumed to cost 1 + 0.25·(m − 1)
+/// one-row calls (a memory-bound forward pass widens cheaply).
+const PRIOR_VERIFY_SLOPE: f64 = 0.25;
+/// While drafting, every this many rounds the adaptive controller tries a neighbour of its
+/// best k, so that the cost of other block lengths keeps being measured (and T(1) by k = 0).
+const PROBE_EVERY: usize = 16;
+/// While it decodes plainly, its probes (k = 1) lose time to a poor draft; they are spaced so
+/// that they cost about this fraction of the tokens,
+const PROBE_BUDGET: f64 = 0.02;
+/// but come at least this often, so that a draft that turns good is noticed.
+const PROBE_MAX_GAP: usize = 256;
+
+/// Chooses k before each round and learns from the round's [`RoundReport`].
+///
+/// With [`KPolicy::Adaptive`] it keeps moving averages of the per-position acceptance α =
+/// accepted / (accepted + rejections) (as [`Stats::position_acceptance`](crate::Stats::position_acceptance)),
+/// of the time of a draft call, and of the time T(m) of a target call verifying m rows; T(m)
+/// for an m not yet timed comes from a straight line through the timed ones (or a prior slope).
+/// It then picks the k maximizing `E[tokens](k, α) / ((k·t_draft + T(k + 1)) / T(1))`, with
+/// `E[tokens](k, α) = (1 − α^(k+1)) / (1 − α)`; k = 0 scores exactly 1. To keep its estimates
+/// alive it probes: every 16th round it tries a neighbour of that k, and while it decodes
+/// plainly it tries k = 1, spaced (every 2 to 256 rounds) so that these rounds cost about 2 %
+/// of the tokens however expensive the draft.
+///
+/// After plain rounds the draft has fallen behind, and its next call first catches up on the
+/// missed tokens; that call's time goes into the draft-time average like any other.
+///
+/// # Example
+/// ```
+/// use specdec::adaptive::{KController, KPolicy, RoundReport};
+/// let mut ctl = KController::new(KPolicy::Adaptive { max: 8 })?;
+/// for _ in 0..200 {
+///     let k = ctl.next_k();
+///     // A draft that is always right and costs nothing beside a flat-cost target: draft long.
+///     let report = RoundReport { drafted: k, accepted: k, draft_calls: k, draft_secs: 0.0,
+///                                target_rows: k + 1, target_secs: 1.0 };
+///     ctl.observe(&report);
+/// }
+/// assert!(ctl.next_k() >= 7);
+/// # Ok::<(), specdec::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct KController {
+    policy: KPolicy,
+    k: usize,
+    since_probe: usize,
+    probes: usize,
+    estimates: Estimates,
+}
+
+impl KController {
+    /// A controller for `policy`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for `Fixed(0)`, an adaptive `max` outside
+    /// `1..=`[`MAX_ADAPTIVE_K`], or a grow/shrink `start` outside `1..=max`.
+    pub fn new(policy: KPolicy) -> Result<Self> {
+        let estimates = Estimates::new(match policy {
+            KPolicy::Fixed(0) => return Err(Error::setting("k", 0, "at least 1 drafted token per round")),
+            KPolicy::Adaptive { max } if max == 0 || max > MAX_ADAPTIVE_K => {
+                return Err(Error::setting("k_policy max", max, "between 1 and MAX_ADAPTIVE_K (64)"));
+            }
+            KPolicy::GrowShrink { start, max } if start == 0 || start > max => {
+                return Err(Error::setting("k_policy start", start, "between 1 and max"));
+            }
+            KPolicy::Adaptive { max } => max,
+            KPolicy::Fixed(_) | KPolicy::GrowShrink { .. } => 0,
+        });
+        let k = match policy {
+            KPolicy::Fixed(k) | KPolicy::GrowShrink { start: k, .. } => k,
+            KPolicy::Adaptive { .. } => estimates.best_k(),
+        };
+        Ok(Self { policy, k, since_probe: 0, probes: 0, estimates })
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> KPolicy {
+        self.policy
+    }
+
+    /// The k of the latest round (before any round, the k the first round will use).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The estimated per-position acceptance α (the prior 0.7 before any drafting; only the
+    /// adaptive policy keeps it up to date).
+    pub fn alpha(&self) -> f64 {
+        self.estimates.alpha()
+    }
+
+    /// The k for the next round.
+    pub fn next_k(&mut self) -> usize {
+        if let KPolicy::Adaptive { max } = self.policy {
+            let (alpha, (draft, verify)) = (self.estimates.alpha(), self.estimates.costs());
+            let best = best_k(alpha, draft, &verify);
+            let gap = if best == 0 { plain_probe_gap(alpha, draft, &verify) } else { PROBE_EVERY };
+            self.since_probe += 1;
+            self.k = if self.since_probe >= gap {
+                self.since_probe = 0;
+                self.probes += 1;
+                probe(best, max, self.probes)
+            } else {
+                best
+            };
+        }
+        self.k
+    }
+
+    /// Learns from a finished round.
+    pub fn observe(&mut self, round: &RoundReport) {
+        match self.policy {
+            KPolicy::Fixed(_) => {}
+            KPolicy::GrowShrink { max, .. } => {
+                if round.accepted < round.drafted {
+                    self.k = self.k.saturating_sub(1).max(1);
+                } else if round.drafted >= self.k && self.k < max {
+                    // A block cut short (the drafter ran dry, the generation ended) says nothing
+                    // about a longer one, so only a full block grows k.
+                    self.k += 1;
+                }
+            }
+            KPolicy::Adaptive { .. } => self.estimates.observe(round),
+        }
+    }
+}
+
+/// The probe after `best`: k = 1 from plain decoding, else alternately one up and one down.
+fn probe(best: usize, max: usize, nth: usize) -> usize {
+    match best {
+        0 => 1,
+        b if nth % 2 == 1 && b < max => b + 1,
+        b => b - 1,
+    }
+}
+
+/// The adaptive controller's moving estimates.
+#[derive(Debug, Clone)]
+struct Estimates {
+    accepted: f64,
+    rejected: f64,
+    draft_secs: Option<f64>,
+    /// T(m) at index m − 1.
+    verify_secs: Vec<Option<f64>>,
+}
+
+impl Estimates {
+    fn new(max_k: usize) -> Self {
+        Self {
+            accepted: PRIOR_ALPHA * PRIOR_TRIALS,
+            rejected: (1.0 - PRIOR_ALPHA) * PRIOR_TRIALS,
+            draft_secs: None,
+            verify_secs: vec![None; max_k + 1],
+        }
+    }
+
+    fn alpha(&self) -> f64 {
+        self.accepted / (self.accepted + self.rejected)
+    }
+
+    /// The time of a draft call and T(m) for m = 1..=max + 1.
+    fn costs(&self) -> (f64, Vec<f64>) {
+        let verify = verify_costs(&self.verify_secs, PRIOR_VERIFY_SLOPE);
+        let draft = self.draft_secs.unwrap_or(PRIOR_DRAFT_COST * verify.first().copied().unwrap_or(1.0));
+        (draft, verify)
+    }
+
+    fn best_k(&self) -> usize {
+        let (draft, verify) = self.costs();
+        best_k(self.alpha(), draft, &verify)
+    }
+
+    fn observe(&mut self, r: &RoundReport) {
+        let decay = if r.drafted > 0 { ALPHA_DECAY } else { PLAIN_DECAY };
+        self.accepted = decay * self.accepted + r.accepted.min(r.drafted) as f64;
+        self.rejected = decay * self.rejected + f64::from(u8::from(r.accepted < r.drafted));
+        if r.draft_calls > 0 {
+            average_in(&mut self.draft_secs, r.draft_secs / r.draft_calls as f64);
+        }
+        if let Some(slot) = r.target_rows.checked_sub(1).and_then(|i| self.verify_secs.get_mut(i)) {
+            average_in(slot, r.target_secs);
+        }
+    }
+}
+
+/// Rounds between probes while decoding plainly: a k = 1 round yields E = 1 + α tokens in the
+/// time plain decoding yields E / S(1), so it loses E / S(1) − E tokens; at [`PROBE_BUDGET`]
+/// tokens earned per round, that takes that many rounds (at least 2: when k = 1 is nearly as
+/// good as plain decoding, probing it often costs little and settles the choice quickly; at
+/// most [`PROBE_MAX_GAP`]).
+fn plain_probe_gap(alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> usize {
+    let (tokens, speedup) = (1.0 + alpha, expected_speedup(1, alpha, draft_secs, verify_secs));
+    let loss = if speedup > 0.0 { tokens / speedup - tokens } else { f64::INFINITY };
+    // `as` saturates, and turns NaN (which cannot arise here) into 0, then 2.
+    ((loss / PROBE_BUDGET).ceil() as usize).clamp(2, PROBE_MAX_GAP)
+}
+
+/// Folds a time into a moving average; the first one sets it. Times that cannot be (negative,
+/// NaN, infinite) are ignored rather than allowed to poison every later choice.
+fn average_in(avg: &mut Option<f64>, secs: f64) {
+    if secs.is_finite() && secs >= 0.0 {
+        *avg = Some(avg.map_or(secs, |a| a + COST_WEIGHT * (secs - a)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(drafted: usize, accepted: usize) -> RoundReport {
+        RoundReport {
+            drafted,
+            accepted,
+            draft_calls: drafted,
+            draft_secs: 0.1 * drafted as f64,
+            target_rows: drafted + 1,
+            target_secs: 1.0,
+        }
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(matches!(KController::new(KPolicy::Fixed(0)), Err(Error::InvalidSetting { name: "k", .. })));
+        assert!(KController::new(KPolicy::Adaptive { max: 0 }).is_err());
+        assert!(KController::new(KPolicy::Adaptive { max: MAX_ADAPTIVE_K + 1 }).is_err());
+        assert!(KController::new(KPolicy::GrowShrink { start: 0, max: 3 }).is_err());
+        assert!(KController::new(KPolicy::GrowShrink { start: 4, max: 3 }).is_err());
+        assert!(KController::new(KPolicy::Adaptive { max: MAX_ADAPTIVE_K }).is_ok());
+    }
+
+    #[test]
+    fn fixed_stays_and_grow_shrink_follows_the_blocks() -> Result<()> {
+        let mut fixed = KController::new(KPolicy::Fixed(3))?;
+        fixed.observe(&report(3, 0));
+        assert_eq!(fixed.next_k(), 3);
+        let mut gs = KController::new(KPolicy::GrowShrink { start: 2, max: 3 })?;
+        let mut ks = Vec::new();
+        for (drafted, accepted) in [(2, 2), (3, 3), (3, 3), (3, 1), (2, 0), (1, 0), (1, 1), (1, 1), (0, 0)] {
+            ks.push(gs.next_k());
+            gs.observe(&report(drafted, accepted));
+        }
+        assert_eq!(ks, [2, 3, 3, 3, 2, 1, 1, 2, 2]);
+        Ok(())
+    }
+
+    #[test]
+    fn adaptive_settles_on_plain_decoding_for_a_useless_draft_and_keeps_probing() -> Result<()> {
+        let mut ctl = KController::new(KPolicy::Adaptive { max: 6 })?;
+        let mut ks = Vec::new();
+        for _ in 0..400 {
+            let k = ctl.next_k();
+            ks.push(k);
+            let r = RoundReport {
+                drafted: k,
+                accepted: 0,
+                draft_calls: k,
+                draft_secs: 0.5 * k as f64,
+                target_rows: k + 1,
+                target_secs: 1.0,
+            };
+            ctl.observe(&r);
+        }
+        let late = &ks[200..];
+        assert!(late.iter().filter(|&&k| k == 0).count() >= late.len() * 9 / 10, "{late:?}");
+        assert!(late.contains(&1), "it still probes: {late:?}");
+        assert!(ctl.alpha() < 0.05);
+        Ok(())
+    }
+
+    #[test]
+    fn adaptive_ignores_impossible_times() -> Result<()> {
+        let mut ctl = KController::new(KPolicy::Adaptive { max: 4 })?;
+        for secs in [f64::NAN, f64::INFINITY, -1.0] {
+            let k = ctl.next_k();
+            ctl.observe(&RoundReport {
+                drafted: k,
+                accepted: k,
+                draft_calls: k,
+                draft_secs: secs,
+                target_rows: k + 1,
+                target_secs: secs,
+            });
+        }
+        // A report that does not fit (more rows than the controller knows) is ignored too.
+        ctl.observe(&RoundReport { target_rows: 99, target_secs: 1.0, ..RoundReport::default() });
+        assert!(ctl.estimates.draft_secs.is_none() && ctl.estimates.verify_secs.iter().all(Option::is_none));
+        assert!(ctl.next_k() <= 4);
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! The arithmetic of choosing k: the expected speedup of a block length under the geometric
+//! acceptance model with measured costs, the best block length, and the cost of verifying m
+//! rows filled in where it has not been measured. Pure functions of numbers.
+
+use crate::stats::expected_tokens_per_call;
+
+/// Expected speedup over plain decoding of a round drafting `k` tokens:
+/// `E[tokens](k, α) · T(1) / (k·draft_secs + T(k + 1))`, where `verify_secs[m − 1]` is T(m).
+/// With T(m) = 1 for all m and draft_secs = c this is the seed's S(k, α, c). 0 when
+/// `verify_secs` holds no T(k + 1).
+pub fn expected_speedup(k: usize, alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> f64 {
+    match (verify_secs.first(), verify_secs.get(k)) {
+        (Some(&one), Some(&rows)) => {
+            let cost = (k as f64 * draft_secs + rows).max(f64::MIN_POSITIVE);
+            expected_tokens_per_call(k as f64, alpha) * one / cost
+        }
+        _ => 0.0,
+    }
+}
+
+/// The k in `0..verify_secs.len()` with the highest [`expected_speedup`]; the smaller on ties.
+pub fn best_k(alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> usize {
+    let speedups = (0..verify_secs.len()).map(|k| (k, expected_speedup(k, alpha, draft_secs, verify_secs)));
+    speedups.fold((0, f64::NEG_INFINITY), |best, (k, s)| if s > best.1 { (k, s) } else { best }).0
+}
+
+/// T(m) for every m = 1..=observed.len(), from the times observed for some of them
+/// (`observed[m − 1]`). A timed m keeps its time; the others come from the least-squares line
+/// through the timed points, its slope kept between 0 (more rows never cost less) and the
+/// value that puts T(0) at 0 (no call costs less than nothing). With a single timed m the line
+/// has `prior_slope` per row relative to T(1); with none, T(m) = 1 + prior_slope·(m − 1).
+pub fn verify_costs(observed: &[Option<f64>], prior_slope: f64) -> Vec<f64> {
+    let points: Vec<(f64, f64)> =
+        observed.iter().enumerate().filter_map(|(i, t)| t.map(|t| ((i + 1) as f64, t))).collect();
+    // The line as a point it passes through and a slope.
+    let (m0, t0, slope) = match points.as_slice() {
+        [] => (1.0, 1.0, prior_slope),
+        &[(m, t)] => (m, t, t * prior_slope / (1.0 + prior_slope * (m - 1.0))),
+        _ => {
+            let n = points.len() as f64;
+            let mean_m = points.iter().map(|p| p.0).sum::<f64>() / n;
+            let mean_t = points.iter().map(|p| p.1).sum::<f64>() / n;
+            let cov: f64 = points.iter().map(|&(m, t)| (m - mean_m) * (t - mean_t)).sum();
+            let var: f64 = points.iter().map(|&(m, _)| (m - mean_m).powi(2)).sum();
+            (mean_m, mean_t, (cov / var).clamp(0.0, mean_t / mean_m))
+        }
+    };
+    let line = |m: f64| t0 + slope * (m - m0);
+    observed.iter().enumerate().map(|(i, t)| t.unwrap_or_else(|| line((i + 1) as f64))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::predicted_speedup;
+
+    #[test]
+    fn speedup_with_flat_verification_is_the_seed_formula() {
+        let flat = [1.0; 9];
+        for k in 0..=8 {
+            for (alpha, c) in [(0.5, 0.05), (0.8, 0.15), (0.95, 0.3)] {
+                let s = expected_speedup(k, alpha, c, &flat);
+                assert!((s - predicted_speedup(k as f64, alpha, c)).abs() < 1e-12, "k {k}, α {alpha}, c {c}");
+            }
+        }
+        assert_eq!(expected_speedup(0, 0.3, 5.0, &[2.0, 3.0]), 1.0, "a plain step is the unit");
+        assert_eq!(expected_speedup(2, 0.3, 5.0, &[2.0, 3.0]), 0.0, "no T(3), no estimate");
+    }
+
+    #[test]
+    fn best_k_is_the_interior_optimum() {
+        // The seed's Section 3.5 setting: c = 0.15; brute force over the closed form.
+        let flat = [1.0; 11];
+        for alpha in [0.3, 0.5, 0.7, 0.8, 0.9, 0.97] {
+            let brute = (0..=10).max_by(|&a, &b| {
+                predicted_speedup(a as f64, alpha, 0.15).total_cmp(&predicted_speedup(b as f64, alpha, 0.15))
+            });
+            assert_eq!(Some(best_k(alpha, 0.15, &flat)), brute, "α {alpha}");
+        }
+        assert_eq!(best_k(0.8, 0.15, &flat), 5);
+        // Costly verification shortens the block; a poor draft is not worth a call.
+        let steep: Vec<f64> = (0..11).map(|i| 1.0 + 0.5 * i as f64).collect();
+        assert!(best_k(0.8, 0.15, &steep) < 5);
+        assert_eq!(best_k(0.1, 0.3, &flat), 0);
+        assert_eq!(best_k(1.0, 0.0, &flat), 10);
+    }
+
+    #[test]
+    fn verify_costs_fill_the_gaps() {
+        let prior = verify_costs(&[None, None, None], 0.25);
+        assert_eq!(prior, vec![1.0, 1.25, 1.5]);
+        // One timed point: the prior's shape scaled through it.
+        assert_eq!(verify_costs(&[None, Some(2.5), None], 0.25), vec![2.0, 2.5, 3.0]);
+        // Two or more: the line through them; timed values stay as they are.
+        let line = verify_costs(&[None, Some(2.0), None, Some(2.2), None], 0.25);
+        let expect = [1.9, 2.0, 2.1, 2.2, 2.3];
+        assert!(line.iter().zip(expect).all(|(a, b)| (a - b).abs() < 1e-12), "{line:?}");
+        // A falling line is flattened; a steep one is kept from going below zero at m = 0.
+        assert_eq!(verify_costs(&[Some(2.0), Some(1.0), None], 0.25)[2], 1.5);
+        let steep = verify_costs(&[None, None, None, Some(1.0), Some(3.0)], 0.25);
+        assert!(steep.iter().all(|&t| t > 0.0), "{steep:?}");
+    }
+}

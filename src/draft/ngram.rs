@@ -1,0 +1,209 @@
+//! Prompt lookup: propose the token that followed the most recent earlier occurrence of the
+//! context's longest matching suffix (Saxena 2023, "prompt lookup decoding"; the n-gram drafter
+//! of vLLM and transformers). No model, no weights: it pays off wherever the output repeats the
+//! prompt or itself (code edits, summaries quoting the source, retrieval answers).
+
+use crate::error::{Error, Result};
+use crate::model::{DraftModel, Proposal};
+
+/// An n-gram drafter: for n from `max_n` down to `min_n`, it looks for the most recent earlier
+/// occurrence of the context's last n tokens and proposes the token that followed it, as a
+/// [`Proposal::Token`] (a point mass, which the kernel verifies exactly); with no match it
+/// proposes [`Proposal::Nothing`] and the round ends its block early.
+///
+/// Within a block the decoder feeds each drafted token back, so successive proposals follow
+/// the matched continuation.
+///
+/// # Example
+/// ```
+/// use specdec::{DraftModel, NGramDraft, Proposal};
+/// let mut draft = NGramDraft::new(16)?;
+/// // "3 4 5" occurred before, followed by 6.
+/// assert_eq!(draft.propose(&[1, 3, 4, 5, 6, 9, 4, 5])?, Proposal::Token(6));
+/// # Ok::<(), specdec::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct NGramDraft {
+    vocab: usize,
+    min_n: usize,
+    max_n: usize,
+    ctx: Vec<u32>,
+}
+
+impl NGramDraft {
+    /// A drafter over `vocab` tokens matching suffixes of 4 down to 1 tokens.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `vocab` is 0.
+    pub fn new(vocab: usize) -> Result<Self> {
+        Self::with_range(vocab, 1, 4)
+    }
+
+    /// A drafter matching suffixes of `max_n` down to `min_n` tokens. A larger `min_n` proposes
+    /// less often but more reliably.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `vocab` is 0 or unless `1 <= min_n <= max_n`.
+    pub fn with_range(vocab: usize, min_n: usize, max_n: usize) -> Result<Self> {
+        if vocab == 0 {
+            return Err(Error::setting("vocab", vocab, "at least 1 token"));
+        }
+        if min_n == 0 {
+            return Err(Error::setting("min_n", min_n, "at least 1"));
+        }
+        if max_n < min_n {
+            return Err(Error::setting("max_n", max_n, "at least min_n"));
+        }
+        Ok(Self { vocab, min_n, max_n, ctx: Vec::new() })
+    }
+
+    /// The tokens the drafter holds.
+    pub fn context(&self) -> &[u32] {
+        &self.ctx
+    }
+
+    /// The token that followed the most recent earlier occurrence of the longest suffix of the
+    /// context of at least `min_n` and at most `max_n` tokens, if there is one.
+    pub fn lookup(&self) -> Option<u32> {
+        longest_suffix_match(&self.ctx, self.min_n, self.max_n).map(|end| self.ctx[end + 1])
+    }
+}
+
+/// The end index `i < ctx.len() - 1` of the occurrence of the longest suffix of `ctx` (of
+/// `min_n..=max_n` tokens) that ends latest, scanning once from the back.
+///
+/// One pass replaces the loop over n: the match length at `i` is at least n exactly when the
+/// n-token suffix occurs ending at `i`, so the longest length wins and, among equals, the first
+/// found (the most recent). Most positions fail on their first token, so the scan costs about
+/// one comparison per context token (a few microseconds for thousands of tokens).
+fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<usize> {
+    let (&last, head) = ctx.split_last()?;
+    let mut best: Option<(usize, usize)> = None;
+    for i in (0..head.len()).rev().filter(|&i| head[i] == last) {
+        // Compare backwards from ctx[i] against the suffix; the suffix itself ends at ctx.len() - 1.
+        let len = 1 + (1..max_n.min(i + 1)).take_while(|&j| ctx[i - j] == ctx[ctx.len() - 1 - j]).count();
+        if best.is_none_or(|(_, l)| len > l) {
+            best = Some((i, len));
+            if len == max_n {
+                break;
+            }
+        }
+    }
+    best.filter(|&(_, len)| len >= min_n).map(|(i, _)| i)
+}
+
+impl DraftModel for NGramDraft {
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx.len()
+    }
+
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab: self.vocab });
+        }
+        self.ctx.extend_from_slice(tokens);
+        Ok(self.lookup().map_or(Proposal::Nothing, Proposal::Token))
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.ctx.len() {
+            return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
+        }
+        self.ctx.truncate(len);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn propose(draft: &mut NGramDraft, tokens: &[u32]) -> Proposal {
+        draft.propose(tokens).unwrap_or_else(|e| panic!("propose failed: {e}"))
+    }
+
+    /// The plain definition: for n from max_n down, the most recent earlier occurrence.
+    fn reference(ctx: &[u32], min_n: usize, max_n: usize) -> Option<u32> {
+        (min_n..=max_n.min(ctx.len().saturating_sub(1))).rev().find_map(|n| {
+            let suffix = &ctx[ctx.len() - n..];
+            (0..ctx.len() - n).rev().find(|&s| &ctx[s..s + n] == suffix).map(|s| ctx[s + n])
+        })
+    }
+
+    #[test]
+    fn longest_match_wins_over_a_more_recent_shorter_one() {
+        let mut d = NGramDraft::new(10).unwrap();
+        // "1 2 3" is followed by 4 early on; "3" alone is followed by 9 more recently.
+        assert_eq!(propose(&mut d, &[1, 2, 3, 4, 3, 9, 1, 2, 3]), Proposal::Token(4));
+    }
+
+    #[test]
+    fn most_recent_occurrence_wins_among_equals() {
+        let mut d = NGramDraft::new(10).unwrap();
+        assert_eq!(propose(&mut d, &[5, 6, 1, 5, 6, 2, 5, 6]), Proposal::Token(2));
+    }
+
+    #[test]
+    fn no_match_is_nothing_and_min_n_is_respected() {
+        let mut d = NGramDraft::new(10).unwrap();
+        assert_eq!(propose(&mut d, &[1, 2, 3]), Proposal::Nothing);
+        assert_eq!(propose(&mut d, &[]), Proposal::Nothing);
+        let mut strict = NGramDraft::with_range(10, 2, 3).unwrap();
+        // Only the single token 3 recurs: too short for min_n = 2.
+        assert_eq!(propose(&mut strict, &[3, 7, 1, 3]), Proposal::Nothing);
+        assert_eq!(propose(&mut strict, &[7]), Proposal::Token(1));
+    }
+
+    #[test]
+    fn drafted_tokens_continue_the_match() {
+        let mut d = NGramDraft::new(10).unwrap();
+        assert_eq!(propose(&mut d, &[1, 2, 3, 4, 5, 0, 1, 2]), Proposal::Token(3));
+        assert_eq!(propose(&mut d, &[3]), Proposal::Token(4));
+        assert_eq!(propose(&mut d, &[4]), Proposal::Token(5));
+    }
+
+    #[test]
+    fn truncate_rolls_back() {
+        let mut d = NGramDraft::new(10).unwrap();
+        propose(&mut d, &[1, 2, 1, 3]);
+        d.truncate(3).unwrap();
+        assert_eq!(d.context(), &[1, 2, 1]);
+        assert_eq!(d.lookup(), Some(2));
+        assert!(matches!(d.truncate(4), Err(Error::BadTruncate { len: 3, to: 4 })));
+        d.truncate(0).unwrap();
+        assert_eq!(d.context_len(), 0);
+        assert_eq!(d.lookup(), None);
+    }
+
+    #[test]
+    fn bad_settings_and_tokens_are_errors() {
+        assert!(NGramDraft::new(0).is_err());
+        assert!(NGramDraft::with_range(8, 0, 2).is_err());
+        assert!(NGramDraft::with_range(8, 3, 2).is_err());
+        let mut d = NGramDraft::new(8).unwrap();
+        assert!(matches!(d.propose(&[1, 8]), Err(Error::TokenOutOfRange { token: 8, vocab: 8 })));
+        assert_eq!(d.context_len(), 0, "a rejected feed leaves the context alone");
+    }
+
+    #[test]
+    fn one_pass_scan_agrees_with_the_definition() {
+        // A small alphabet makes long, overlapping and self-overlapping matches common.
+        let mut state = 12345u64;
+        for len in 1..300 {
+            let ctx: Vec<u32> = (0..len % 60)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((state >> 33) % 3) as u32
+                })
+                .collect();
+            for (min_n, max_n) in [(1, 4), (2, 3), (1, 1), (3, 6)] {
+                let d = NGramDraft { vocab: 3, min_n, max_n, ctx: ctx.clone() };
+                assert_eq!(d.lookup(), reference(&ctx, min_n, max_n), "ctx {ctx:?}, n {min_n}..={max_n}");
+            }
+        }
+    }
+}
