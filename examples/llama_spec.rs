@@ -9,30 +9,28 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
-use specdec::{
-    check_compatible, Generation, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TextStream, Tokenizer,
-    WeightFormat,
-};
+use specdec::{Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TextStream, Tokenizer, WeightFormat};
 
 #[derive(Parser)]
 struct Args {
     /// Target model: a .gguf file, an HF folder, or a hub id (org/name).
     #[arg(long)]
     target: Option<String>,
-    /// Draft model (same kinds); default: the target's own weights, quantized as stored.
+    /// Draft model (same kinds as --target); short for `--drafter model:DRAFT`.
     #[arg(long)]
     draft: Option<String>,
-    /// Build the draft by quantizing the target's weights: stored, q8_0, q4_0, q4_1, q4k, ...
+    /// Build the draft by quantizing the target's weights (q8_0, q4_0, q4_1, q4k, ...); short
+    /// for `--drafter quant:TYPE`.
     #[arg(long)]
     draft_quant: Option<String>,
-    /// Draft with the target's first N blocks only (layer-skip self-draft, shared weights).
-    #[arg(long)]
-    draft_layers: Option<usize>,
+    /// The drafter: model[:PATH] (default: the target file's weights as stored), ngram
+    /// (prompt lookup), layerskip:N (the target's first N blocks), quant:TYPE.
+    #[arg(long, default_value = "model")]
+    drafter: String,
     /// Weight format of the target: f32 (default) or stored.
     #[arg(long, default_value = "f32")]
     target_format: String,
@@ -46,9 +44,9 @@ struct Args {
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
-    /// Drafted tokens per round.
-    #[arg(long, default_value_t = 4)]
-    k: usize,
+    /// Drafted tokens per round: N, auto (adaptive, up to 8), auto:MAX, grow, grow:MAX.
+    #[arg(long, default_value = "4")]
+    k: String,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -90,18 +88,15 @@ fn main() -> Result<()> {
     let target_format: WeightFormat = args.target_format.parse()?;
     let (target_w, tokenizer) = target_files.load(target_format, &device).with_context(|| format!("loading target {target_spec}"))?;
 
-    let (draft_w, draft_name): (Arc<LlamaWeights>, String) = match (&args.draft_layers, &args.draft_quant, args.draft.clone().or(default_draft)) {
-        (Some(n), _, _) => (target_w.clone(), format!("{} (first {n} layers)", target_files.name())),
-        (None, Some(q), _) => (target_files.load(q.parse()?, &device)?.0, format!("{} ({q})", target_files.name())),
-        (None, None, Some(spec)) => {
-            let files = ModelFiles::resolve(&spec)?;
-            let (w, draft_tok) = files.load(WeightFormat::Stored, &device).with_context(|| format!("loading draft {spec}"))?;
-            check_compatible((&spec, &draft_tok), (&target_spec, &tokenizer))?;
-            (w, files.name())
-        }
-        (None, None, None) => (target_files.load(WeightFormat::Stored, &device)?.0, format!("{} (stored)", target_files.name())),
+    let spec: DrafterSpec = match (&args.draft, &args.draft_quant) {
+        (Some(path), _) => DrafterSpec::Model(Some(path.clone())),
+        (None, Some(q)) => DrafterSpec::Quant(q.parse()?),
+        (None, None) if args.drafter == "model" => DrafterSpec::Model(default_draft),
+        _ => args.drafter.parse()?,
     };
-    let draft_layers = args.draft_layers.map_or_else(|| (0..draft_w.config().num_layers).collect(), |n| (0..n).collect());
+    let drafter = Drafter::build(&spec, &target_files, &target_w, &tokenizer, &device).with_context(|| format!("building drafter {spec}"))?;
+    let draft_name = spec.to_string();
+    let k_policy: KPolicy = args.k.parse()?;
 
     let prompt = match args.chat.as_str() {
         "on" => tokenizer.chat_prompt(&args.prompt),
@@ -119,9 +114,9 @@ fn main() -> Result<()> {
     let mut stop = target_w.config().eos_token_ids.clone();
     stop.extend(tokenizer.end_of_turn_ids());
 
-    eprintln!("target {} ({:?}), draft {draft_name}, k {}, prompt {} tokens", target_files.name(), args.target_format, args.k, ids.len());
-    let mut spec = SpeculativeDecoder::builder(Llama::with_layers(draft_w, draft_layers)?, Llama::new(target_w.clone())?)
-        .k(args.k)
+    eprintln!("target {} ({}), drafter {draft_name}, k {k_policy}, prompt {} tokens", target_files.name(), args.target_format, ids.len());
+    let mut spec = SpeculativeDecoder::builder(drafter, Llama::new(target_w.clone())?)
+        .k_policy(k_policy)
         .sampling(sampling.clone())
         .max_new_tokens(args.max_new_tokens)
         .stop_tokens(stop.clone())
@@ -167,7 +162,7 @@ fn report(args: &Args, target: &str, draft: &str, tok: &Tokenizer, spec: &Genera
     }
     if args.json {
         let summary = json!({
-            "target": target, "draft": draft, "k": args.k, "temperature": args.temperature,
+            "target": target, "draft": draft, "k": args.k, "mean_k": s.mean_k(), "temperature": args.temperature,
             "new_tokens": s.new_tokens, "plain_tok_s": p.tokens_per_sec(), "spec_tok_s": s.tokens_per_sec(),
             "speedup": speedup, "acceptance_rate": s.acceptance_rate(), "position_acceptance": s.position_acceptance(),
             "tokens_per_target_call": s.tokens_per_target_call(), "cost_ratio": s.cost_ratio(),

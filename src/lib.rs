@@ -57,7 +57,7 @@ pub mod toy;
 
 pub use adaptive::{KController, KPolicy, RoundReport};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
-pub use draft::NGramDraft;
+pub use draft::{Drafter, DrafterSpec, NGramDraft};
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{DraftModel, Logits, Proposal, TargetModel};

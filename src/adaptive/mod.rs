@@ -42,6 +42,33 @@ impl Default for KPolicy {
     }
 }
 
+impl std::str::FromStr for KPolicy {
+    type Err = Error;
+
+    /// `N` (fixed), `auto` or `auto:MAX` (adaptive, max 8 by default), `grow` or `grow:MAX`
+    /// (grow/shrink from 2).
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::setting("k", s, "N, auto, auto:MAX, grow or grow:MAX");
+        let (kind, max) = s.split_once(':').map_or((s, None), |(k, m)| (k, Some(m)));
+        let max = max.map(|m| m.parse::<usize>().map_err(|_| bad())).transpose()?.unwrap_or(8);
+        match kind {
+            "auto" => Ok(KPolicy::Adaptive { max }),
+            "grow" => Ok(KPolicy::GrowShrink { start: 2.min(max), max }),
+            n => n.parse().map(KPolicy::Fixed).map_err(|_| bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for KPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KPolicy::Fixed(k) => write!(f, "{k}"),
+            KPolicy::Adaptive { max } => write!(f, "auto:{max}"),
+            KPolicy::GrowShrink { max, .. } => write!(f, "grow:{max}"),
+        }
+    }
+}
+
 /// The largest `max` of [`KPolicy::Adaptive`]: it keeps one cost estimate per block length.
 pub const MAX_ADAPTIVE_K: usize = 64;
 

@@ -37,6 +37,16 @@ impl std::str::FromStr for WeightFormat {
     }
 }
 
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::F32 => write!(f, "f32"),
+            Self::Stored => write!(f, "stored"),
+            Self::Quantized(t) => write!(f, "{}", format!("{t:?}").to_ascii_lowercase()),
+        }
+    }
+}
+
 /// `y = x · Wᵀ` for activations `x` of shape (rows, in) and a weight W of shape (out, in).
 #[derive(Debug, Clone)]
 pub enum Linear {

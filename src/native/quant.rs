@@ -467,3 +467,34 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod candle_agreement {
+    use super::*;
+    use candle_core::quantized::{QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    /// For Q8_0, Q4_0 and Q4_1 candle's quantized matmul quantizes activations the same way
+    /// (per 32 values, amax/127), so the products agree up to a few flipped roundings. (For Q4_K
+    /// candle quantizes activations per 256 values, more coarsely, and is left out.)
+    #[test]
+    fn products_agree_with_candle_qmatmul() {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+            let (n, k, m) = (24, 512, 3);
+            let w: Vec<f32> = (0..n * k).map(|i| (((i * 7919) % 1013) as f32 / 506.0 - 1.0) * 0.1).collect();
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
+            let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&wt, dtype).unwrap();
+            let ours = QMatrix::from_ggml(dtype, &q.data().unwrap(), n, k).unwrap();
+            let theirs = QMatMul::from_qtensor(q).unwrap().forward(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap()).unwrap();
+            let theirs = theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let mut acts = QActs::default();
+            acts.quantize(&x, m, k);
+            let mut got = vec![0f32; m * n];
+            qmatmul(&acts, &ours, OutPtr::new(&mut got), 0..n);
+            let scale = theirs.iter().fold(0f32, |s, v| s.max(v.abs()));
+            let diff = got.iter().zip(&theirs).fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+            assert!(diff <= 1e-3 * scale, "{dtype:?}: max diff {diff} at scale {scale}");
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The performance report: for each drafter and k, acceptance, tokens per target call, the cost
+//! ratios c (draft call / target call) and v (verification call / one-token call), plain and
+//! speculative tokens per second on the same target in the same run, the measured speedup and
+//! the seed's predictions S(k, α, c) and S with v, plus resident memory.
+//!
+//! `cargo run --release --example spec_bench -- --json` (after `scripts/fetch-models.sh`)
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde_json::json;
+use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
+use specdec::{Drafter, DrafterSpec, KPolicy, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat};
+
+#[derive(Parser)]
+struct Args {
+    /// Target model (.gguf, HF folder or hub id); default: the fetched SmolLM2-135M-Instruct.
+    #[arg(long)]
+    target: Option<String>,
+    /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE.
+    #[arg(long, default_value = "model,quant:q8_0,quant:q4_0,ngram")]
+    drafters: String,
+    /// Values of k, comma-separated: N, auto, grow.
+    #[arg(long, default_value = "2,3,4,5,6,auto")]
+    ks: String,
+    /// Temperatures, comma-separated.
+    #[arg(long, default_value = "0,0.8")]
+    temperatures: String,
+    /// A file with one prompt per line (`\n` for a newline); default: four chat prompts.
+    #[arg(long)]
+    prompts: Option<String>,
+    /// Wrap prompts in the chat template.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    chat: bool,
+    /// Tokens per generation.
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// Generate exactly max-new-tokens (ignore end-of-sequence), as benchmarks need.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Random seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// End with one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+const PROMPTS: [&str; 4] = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works, step by step.",
+    "Repeat this sentence three times, then summarize it: The quick brown fox jumps over the lazy dog near the quiet river bank.",
+    "List ten fruits and one fact about each.",
+];
+
+/// Summed over prompts: (statistics, seconds, per-prompt speedups are computed by the caller).
+struct Run {
+    stats: Vec<Stats>,
+    tok_s: Vec<f64>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let device = specdec::device(&args.device)?;
+    let target_spec = args.target.clone().unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/models-cache/SmolLM2-135M-Instruct.Q4_1.gguf").into());
+    let files = ModelFiles::resolve(&target_spec)?;
+    let (target, tok) = files.load(WeightFormat::F32, &device).with_context(|| format!("loading {target_spec}"))?;
+    let prompts = load_prompts(&args, &tok)?;
+    let mut stop = target.config().eos_token_ids.clone();
+    stop.extend(tok.end_of_turn_ids());
+    if args.ignore_eos {
+        stop.clear();
+    }
+    let v_f32 = verify_ratio(&target)?;
+    let quant = files.load(WeightFormat::Stored, &device)?.0;
+    let v_quant = verify_ratio(&quant)?;
+    drop(quant);
+    println!("target {} (f32, {:?} engine): v = T(5 tokens)/T(1 token) at context 100 = {v_f32:.2}; its stored weights: v = {v_quant:.2}", files.name(), target.engine());
+    println!(
+        "{:<14} {:>6} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
+        "drafter", "k", "temp", "alpha", "a_pos", "tok/call", "c", "v", "plain/s", "spec/s", "speedup", "S(kac)", "S(v)", "rss plain", "rss spec"
+    );
+    let mut rows = Vec::new();
+    for temp in parse_list::<f32>(&args.temperatures)? {
+        let sampling = SamplingConfig::new(temp)?.with_seed(args.seed);
+        let plain = run_plain(&target, &prompts, &sampling, &args, &stop)?;
+        let rss_plain = rss_mb();
+        for spec in args.drafters.split(',').map(str::parse::<DrafterSpec>) {
+            let spec = spec?;
+            for k in args.ks.split(',').map(str::parse::<KPolicy>) {
+                let k = k?;
+                let drafter = Drafter::build(&spec, &files, &target, &tok, &device)?;
+                let run = run_spec(drafter, &target, &prompts, &sampling, k, &args, &stop)?;
+                let rss_spec = rss_mb();
+                let speedups: Vec<f64> = run.tok_s.iter().zip(&plain.tok_s).map(|(s, p)| s / p).collect();
+                let total = sum(&run.stats);
+                let (alpha, kbar, c) = (total.position_acceptance(), total.mean_k(), total.cost_ratio());
+                // v of this run: verification call time over the plain one-token call time.
+                let v = (total.target_secs / total.target_calls.max(1) as f64) / (sum(&plain.stats).target_secs / sum(&plain.stats).target_calls.max(1) as f64);
+                let c_plain = c * v; // draft call over a one-token target call
+                let row = json!({
+                    "drafter": spec.to_string(), "k": k.to_string(), "temperature": temp,
+                    "acceptance_rate": total.acceptance_rate(), "position_acceptance": alpha, "mean_k": kbar,
+                    "tokens_per_target_call": total.tokens_per_target_call(), "draft_cost_ratio": c_plain, "verify_ratio": v,
+                    "plain_tok_s": mean(&plain.tok_s), "spec_tok_s": mean(&run.tok_s), "speedup": mean(&speedups),
+                    "predicted_speedup": predicted_speedup(kbar, alpha, c_plain),
+                    "predicted_speedup_with_v": predicted_speedup_with_verify(kbar, alpha, c_plain, v),
+                    "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec,
+                });
+                println!(
+                    "{:<14} {:>6} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0}",
+                    spec.to_string(), k.to_string(), temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,
+                    mean(&plain.tok_s), mean(&run.tok_s), mean(&speedups), row["predicted_speedup"].as_f64().unwrap_or(0.0),
+                    row["predicted_speedup_with_v"].as_f64().unwrap_or(0.0), rss_plain, rss_spec
+                );
+                rows.push(row);
+            }
+        }
+    }
+    let best = |t: f32| rows.iter().filter(|r| r["temperature"].as_f64() == Some(t as f64)).max_by(|a, b| a["speedup"].as_f64().partial_cmp(&b["speedup"].as_f64()).unwrap_or(std::cmp::Ordering::Equal));
+    let (greedy, sampled) = (best(0.0), best(0.8));
+    if let Some(g) = greedy {
+        println!("best greedy: {} k={} speedup {:.2}", g["drafter"], g["k"], g["speedup"].as_f64().unwrap_or(0.0));
+    }
+    if let Some(s) = sampled {
+        println!("best at temperature 0.8: {} k={} speedup {:.2}", s["drafter"], s["k"], s["speedup"].as_f64().unwrap_or(0.0));
+    }
+    if args.json {
+        let summary = json!({
+            "target": files.name(), "verify_ratio_f32": v_f32, "verify_ratio_quant": v_quant,
+            "greedy_speedup": greedy.map(|g| g["speedup"].clone()), "sampled_speedup": sampled.map(|s| s["speedup"].clone()),
+            "plain_tok_s": rows.first().map(|r| r["plain_tok_s"].clone()),
+            "best_k": greedy.map(|g| g["k"].clone()), "best_drafter": greedy.map(|g| g["drafter"].clone()),
+            "draft_cost_ratio": greedy.map(|g| g["draft_cost_ratio"].clone()),
+            "device": args.device, "rows": rows,
+        });
+        println!("{summary}");
+    }
+    Ok(())
+}
+
+fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
+    s.split(',').map(|x| x.trim().parse::<T>().map_err(|_| anyhow::anyhow!("cannot parse `{x}`"))).collect()
+}
+
+fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+    let texts: Vec<String> = match &args.prompts {
+        Some(path) => std::fs::read_to_string(path)?.lines().filter(|l| !l.trim().is_empty()).map(|l| l.replace("\\n", "\n")).collect(),
+        None => PROMPTS.iter().map(|s| s.to_string()).collect(),
+    };
+    texts.iter().map(|t| Ok(tok.encode(&if args.chat { tok.chat_prompt(t) } else { t.clone() })?)).collect()
+}
+
+fn run_plain(target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], sampling: &SamplingConfig, args: &Args, stop: &[u32]) -> Result<Run> {
+    let mut dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).max_new_tokens(args.max_new_tokens).stop_tokens(stop.to_vec());
+    dec.generate(&prompts[0])?; // warm-up: page in the weights, start the threads
+    let (mut stats, mut tok_s) = (Vec::new(), Vec::new());
+    for p in prompts {
+        let out = dec.generate(p)?;
+        tok_s.push(out.stats.tokens_per_sec());
+        stats.push(out.stats);
+    }
+    Ok(Run { stats, tok_s })
+}
+
+fn run_spec(drafter: Drafter, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], sampling: &SamplingConfig, k: KPolicy, args: &Args, stop: &[u32]) -> Result<Run> {
+    let mut dec = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
+        .k_policy(k)
+        .sampling(sampling.clone())
+        .max_new_tokens(args.max_new_tokens)
+        .stop_tokens(stop.to_vec())
+        .build()?;
+    dec.generate(&prompts[0])?;
+    let (mut stats, mut tok_s) = (Vec::new(), Vec::new());
+    for p in prompts {
+        let out = dec.generate(p)?;
+        tok_s.push(out.stats.tokens_per_sec());
+        stats.push(out.stats);
+    }
+    Ok(Run { stats, tok_s })
+}
+
+/// T(5-token forward) / T(1-token forward) at context 100, all logits rows, best of 5 × 10.
+fn verify_ratio(weights: &Arc<LlamaWeights>) -> Result<f64> {
+    let mut model = Llama::new(weights.clone())?;
+    model.forward(&(0..100).collect::<Vec<u32>>(), 0)?;
+    let mut time = |rows: usize| -> Result<f64> {
+        let toks: Vec<u32> = (200..200 + rows as u32).collect();
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..10 {
+                model.forward(&toks, rows)?;
+                model.truncate(100)?;
+            }
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    time(1)?; // warm-up
+    Ok(time(5)? / time(1)?)
+}
+
+fn sum(stats: &[Stats]) -> Stats {
+    stats.iter().fold(Stats::default(), |mut t, s| {
+        t.new_tokens += s.new_tokens;
+        t.target_calls += s.target_calls;
+        t.draft_calls += s.draft_calls;
+        t.drafted += s.drafted;
+        t.accepted += s.accepted;
+        t.rejections += s.rejections;
+        t.draft_secs += s.draft_secs;
+        t.target_secs += s.target_secs;
+        t.decode_secs += s.decode_secs;
+        t
+    })
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// Resident memory of this process in MB (0 where /proc is absent).
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
