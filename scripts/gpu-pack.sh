@@ -10,10 +10,10 @@
 # Then, on the GPU machine:  bash gpu-pack/gpu-check.sh gpu-pack/bin.tar.xz gpu-pack/models
 # (with the device tool: carry ["gpu-pack"]).
 #
-# The transfer to the GPU machine holds 64 MiB in all, the working tree included. A stripped
-# binary is 35-56 MiB (candle's PTX and its statically built quantized-matmul kernels), so the
+# The transfer to the GPU machine holds 64 MiB in all, the working tree included. A binary without
+# debug info is 36-59 MiB (candle's PTX and its statically built quantized-matmul kernels), so the
 # binaries travel as one xz archive with a dictionary larger than any one of them: they share
-# most of their bytes, and two compress to under 8 MiB together. Only the tiny stories model
+# most of their bytes, and two compress to about 8 MiB together. Only the tiny stories model
 # travels; SmolLM2-135M (98 MB) does not fit and cannot be fetched there (no network), so the
 # SmolLM2 tests skip there. Binaries or models not built or found yet are left out with a
 # message. CUDA libraries are not packed (cuBLASLt alone is 540 MB): the GPU machine's own
