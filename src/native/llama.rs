@@ -13,17 +13,17 @@ use crate::models::config::LlamaConfig;
 use crate::models::linear::WeightFormat;
 use crate::models::llama::{check_shape, rope_angles};
 use crate::native::attention::{self, Shape};
-use crate::native::matmul::{matmul, OutPtr};
+use crate::native::matmul::{matmul, OutPtr, Packed};
 use crate::native::pool::team;
 use crate::native::quant::{qmatmul, QActs, QMatrix};
-use candle_core::quantized::QTensor;
+use candle_core::quantized::{GgmlDType, QTensor};
 
 /// A weight matrix, (rows, cols) row-major as stored in GGUF (out, in): f32, or quantized in
 /// the engine's layout.
 #[derive(Debug)]
 pub enum Matrix {
-    /// Plain f32 values.
-    F32 { data: Vec<f32>, rows: usize, cols: usize },
+    /// f32 values, packed for the small-M kernel.
+    F32(Packed),
     /// Quantized blocks.
     Quant(QMatrix),
 }
@@ -42,13 +42,16 @@ impl Matrix {
                 WeightFormat::Stored => Some(t.dtype()),
                 WeightFormat::Quantized(q) => Some(q),
             };
+            // Q4_K needs rows of whole 256-value super-blocks; narrower rows take Q4_1, its
+            // 32-value cousin (as llama.cpp falls back for such tensors).
+            let target = target.map(|q| if q == GgmlDType::Q4K && cols % 256 != 0 { GgmlDType::Q4_1 } else { q });
             loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols % q.block_size() == 0) {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
                 Some(q) => {
                     let requant = QTensor::quantize(&t.dequantize(&Device::Cpu)?, q)?;
                     Self::Quant(QMatrix::from_ggml(q, &requant.data()?, rows, cols)?)
                 }
-                None => Self::F32 { data: t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols },
+                None => Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols)),
             });
         }
         let quant: Vec<QMatrix> = loaded.iter().filter_map(|m| if let Self::Quant(q) = m { Some(q.clone()) } else { None }).collect();
@@ -64,12 +67,12 @@ impl Matrix {
                 part.row_into(r, &mut data);
             }
         }
-        Ok(Self::F32 { rows: data.len() / cols, data, cols })
+        Ok(Self::F32(Packed::pack(&data, data.len() / cols, cols)))
     }
 
     fn rows(&self) -> usize {
         match self {
-            Self::F32 { rows, .. } => *rows,
+            Self::F32(p) => p.rows(),
             Self::Quant(q) => q.rows(),
         }
     }
@@ -77,7 +80,7 @@ impl Matrix {
     /// Row `r` as f32 values (an embedding lookup).
     fn row_into(&self, r: usize, out: &mut Vec<f32>) {
         match self {
-            Self::F32 { data, cols, .. } => out.extend_from_slice(&data[r * cols..(r + 1) * cols]),
+            Self::F32(p) => p.row_into(r, out),
             Self::Quant(q) => {
                 let start = out.len();
                 out.resize(start + q.cols(), 0.0);
@@ -92,10 +95,9 @@ impl Matrix {
         out.resize(m * self.rows(), 0.0);
         let dst = OutPtr::new(out);
         match self {
-            Self::F32 { data, rows, cols } => {
-                let (w, k, n) = (&data[..], *cols, *rows);
-                // 16-row grains keep each thread's share of weight rows contiguous and even.
-                team().run(&|ctx| matmul(x, m, w, k, n, dst, ctx.share(n, 16)));
+            Self::F32(p) => {
+                // 16-row grains keep each thread's share of whole tiles, contiguous and even.
+                team().run(&|ctx| matmul(x, m, p, dst, ctx.share(p.rows(), 16)));
             }
             Self::Quant(q) => {
                 acts.quantize(x, m, q.cols());

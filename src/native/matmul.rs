@@ -1,10 +1,12 @@
-//! f32 matrix products for a few activation rows against a weight matrix kept as stored,
-//! (out, in) row-major: `y[r][j] = x[r] · w[j]`. Each weight row is streamed from memory once
-//! for all activation rows, so scoring k + 1 positions costs little more than scoring one.
+//! f32 matrix products for a few activation rows against a weight matrix, `y[r][j] = x[r] · w[j]`.
+//! Each weight row is streamed from memory once for all activation rows, so scoring k + 1
+//! positions costs little more than scoring one.
 //!
-//! candle's CPU matmul is written for large products and pays a high fixed cost for 2..8
-//! rows against a transposed weight (see `FACTS.md`), so this small-M kernel is our own:
-//! AVX-512 or AVX2+FMA chosen at run time, with a portable fallback.
+//! candle's CPU matmul is written for large products and pays a high fixed cost for 2..8 rows
+//! against a transposed weight (see `FACTS.md`), so this small-M kernel is our own: AVX-512 or
+//! AVX2+FMA chosen at run time, with a portable fallback. The weights are packed for it: rows in
+//! tiles of four, interleaved 16 values at a time, so that a tile is one sequential stream the
+//! hardware prefetcher follows (four separate 2 KB streams defeat it).
 
 use std::ops::Range;
 
@@ -12,8 +14,10 @@ use std::ops::Range;
 const ROWS: usize = 4;
 /// Weight rows per tile.
 const TILE: usize = 4;
+/// Values per interleaved slice.
+const LANES: usize = 16;
 
-/// A raw view of the output that threads write in disjoint column ranges.
+/// A raw view of the output that threads write in disjoint parts.
 #[derive(Clone, Copy)]
 pub struct OutPtr {
     ptr: *mut f32,
@@ -59,77 +63,126 @@ impl OutPtr {
     }
 }
 
-/// Computes columns `cols` of `y = x · wᵀ` for `m` rows of `x` (each `k` long) against `w`
-/// (`n` rows of `k`), into `out` (m × n, row-major). Threads given disjoint `cols` may run at
-/// once on the same `out`.
+/// A (rows, cols) f32 matrix packed for [`matmul`]: full tiles of four rows interleaved 16
+/// values at a time, then the last `rows % 4` rows plainly; every row padded with zeros to a
+/// multiple of 16 values.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    /// `cols` rounded up to a multiple of 16.
+    stride: usize,
+}
+
+impl Packed {
+    /// Packs `w`, row-major (rows, cols).
+    pub fn pack(w: &[f32], rows: usize, cols: usize) -> Self {
+        let stride = cols.div_ceil(LANES) * LANES;
+        let mut data = vec![0f32; rows * stride];
+        for r in 0..rows {
+            for c in 0..cols {
+                data[Self::index(rows, stride, r, c)] = w[r * cols + c];
+            }
+        }
+        Self { data, rows, cols, stride }
+    }
+
+    fn index(rows: usize, stride: usize, r: usize, c: usize) -> usize {
+        let full = rows / TILE * TILE;
+        if r < full {
+            let (tile, i) = (r / TILE, r % TILE);
+            tile * TILE * stride + (c / LANES) * TILE * LANES + i * LANES + c % LANES
+        } else {
+            r * stride + c
+        }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Appends row `r` to `out`.
+    pub fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        out.extend((0..self.cols).map(|c| self.data[Self::index(self.rows, self.stride, r, c)]));
+    }
+}
+
+/// Columns `cols` of `y = x · wᵀ` for `m` rows of `x` (each `w.cols()` long), into `out`
+/// (m × w.rows(), row-major). `cols` must start at a multiple of 4. Threads given disjoint
+/// `cols` may run at once on the same `out`.
 ///
-/// Panics (slice bounds) if the sizes do not fit; callers check shapes when building a model.
-pub fn matmul(x: &[f32], m: usize, w: &[f32], k: usize, n: usize, out: OutPtr, cols: Range<usize>) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len >= m * n && cols.end <= n, "matmul sizes");
+/// Panics if the sizes do not fit; callers check shapes when building a model.
+pub fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
+    check(x, m, w, out, &cols);
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature is present and the bounds were checked above.
-            return unsafe { x86::matmul_avx512(x, m, w, k, n, out, cols) };
+            // SAFETY: the feature is present and the bounds were checked.
+            return unsafe { x86::matmul_avx512(x, m, w, out, cols) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: as above.
-            return unsafe { x86::matmul_avx2(x, m, w, k, n, out, cols) };
+            return unsafe { x86::matmul_avx2(x, m, w, out, cols) };
         }
     }
-    matmul_portable(x, m, w, k, n, out, cols)
+    matmul_portable(x, m, w, out, cols)
 }
 
-/// The reference kernel, also the fallback: plain loops the compiler vectorizes.
-pub fn matmul_portable(x: &[f32], m: usize, w: &[f32], k: usize, n: usize, out: OutPtr, cols: Range<usize>) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len >= m * n && cols.end <= n, "matmul sizes");
+fn check(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: &Range<usize>) {
+    assert!(x.len() >= m * w.cols && out.len >= m * w.rows && cols.end <= w.rows && cols.start % TILE == 0, "matmul sizes");
+}
+
+/// The reference kernel, also the fallback.
+pub fn matmul_portable(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
+    check(x, m, w, out, &cols);
+    let k = w.cols;
+    let mut row = Vec::with_capacity(k);
     for j in cols {
-        let wj = &w[j * k..(j + 1) * k];
+        row.clear();
+        w.row_into(j, &mut row);
         for r in 0..m {
-            let xr = &x[r * k..(r + 1) * k];
-            let mut acc = [0f32; 8];
-            let mut chunks = xr.chunks_exact(8).zip(wj.chunks_exact(8));
-            for (a, b) in &mut chunks {
-                for l in 0..8 {
-                    acc[l] = a[l].mul_add(b[l], acc[l]);
-                }
-            }
-            let tail: f32 = xr[k / 8 * 8..].iter().zip(&wj[k / 8 * 8..]).map(|(a, b)| a * b).sum();
-            // SAFETY: r < m and j < n, within `out` (checked above).
-            unsafe { *out.ptr.add(r * n + j) = acc.iter().sum::<f32>() + tail };
+            let s: f32 = x[r * k..(r + 1) * k].iter().zip(&row).map(|(a, b)| a * b).sum();
+            // SAFETY: r < m and j < rows, inside `out` (checked above).
+            unsafe { out.write(r * w.rows + j, s) };
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{OutPtr, ROWS, TILE};
+    use super::{OutPtr, Packed, LANES, ROWS, TILE};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    /// Walks the column range in tiles of `TILE` weight rows (then single rows) and the
-    /// activation rows in groups of up to `ROWS`, calling the kernel `f(xs, mrows, w, rows, out)`.
+    /// Walks the column range tile by tile (then single rows) and the activation rows in
+    /// groups of up to `ROWS`, calling `f(x, group, weights, tile rows, out)`.
     #[inline(always)]
-    unsafe fn drive(
-        x: &[f32], m: usize, w: &[f32], k: usize, n: usize, out: OutPtr, cols: Range<usize>,
-        f: impl Fn(*const f32, usize, *const f32, usize, *mut f32),
-    ) {
+    unsafe fn drive(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>, f: impl Fn(*const f32, usize, *const f32, usize, *mut f32)) {
+        let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
         let mut j = cols.start;
         while j < cols.end {
-            let rows = if cols.end - j >= TILE { TILE } else { 1 };
+            let rows = if j < full { TILE } else { 1 };
             let mut r = 0;
             while r < m {
-                let mr = (m - r).min(ROWS);
-                f(x.as_ptr().add(r * k), mr, w.as_ptr().add(j * k), rows, out.ptr.add(r * n + j));
-                r += mr;
+                let group = (m - r).min(ROWS);
+                f(x.as_ptr().add(r * k), group, w.data.as_ptr().add(j * w.stride), rows, out.ptr.add(r * n + j));
+                r += group;
             }
             j += rows;
         }
     }
 
     #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn matmul_avx512(x: &[f32], m: usize, w: &[f32], k: usize, n: usize, out: OutPtr, cols: Range<usize>) {
-        drive(x, m, w, k, n, out, cols, |xp, mr, wp, rows, op| match (mr, rows) {
+    pub(super) unsafe fn matmul_avx512(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
+        let (k, n) = (w.cols, w.rows);
+        drive(x, m, w, out, cols, |xp, group, wp, rows, op| match (group, rows) {
             (1, TILE) => tile512::<1, TILE>(xp, wp, k, op, n),
             (2, TILE) => tile512::<2, TILE>(xp, wp, k, op, n),
             (3, TILE) => tile512::<3, TILE>(xp, wp, k, op, n),
@@ -141,86 +194,84 @@ mod x86 {
         });
     }
 
-    /// `out[r·n + i] = x[r] · w[i]` for r < M, i < R, 16 lanes at a time with a masked tail.
+    /// `out[r·n + i] = x[r] · w_i` for r < M and the R rows of a packed tile at `w`.
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
     unsafe fn tile512<const M: usize, const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
         let mut acc = [[_mm512_setzero_ps(); R]; M];
-        let mut i = 0;
-        while i + 16 <= k {
+        let chunks = k.div_ceil(LANES);
+        for c in 0..chunks {
+            let base = w.add(c * R * LANES);
+            // Fetch well ahead of use: the next tiles are farther than the prefetcher looks.
+            _mm_prefetch::<_MM_HINT_T0>(base.add(16 * R * LANES) as *const i8);
             let mut wv = [_mm512_setzero_ps(); R];
-            for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(w.add(c * k + i));
+            for (i, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(base.add(i * LANES));
             }
+            let left = k - c * LANES;
+            let mask: __mmask16 = if left >= LANES { 0xFFFF } else { ((1u32 << left) - 1) as u16 };
             for (r, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(x.add(r * k + i));
-                for c in 0..R {
-                    a[c] = _mm512_fmadd_ps(xv, wv[c], a[c]);
-                }
-            }
-            i += 16;
-        }
-        if i < k {
-            // 1..=15 lanes are left.
-            let mask: __mmask16 = ((1u32 << (k - i)) - 1) as u16;
-            for r in 0..M {
-                let xv = _mm512_maskz_loadu_ps(mask, x.add(r * k + i));
-                for c in 0..R {
-                    acc[r][c] = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(mask, w.add(c * k + i)), acc[r][c]);
+                let xv = _mm512_maskz_loadu_ps(mask, x.add(r * k + c * LANES));
+                for i in 0..R {
+                    a[i] = _mm512_fmadd_ps(xv, wv[i], a[i]);
                 }
             }
         }
         for r in 0..M {
-            for c in 0..R {
-                *out.add(r * n + c) = _mm512_reduce_add_ps(acc[r][c]);
+            for i in 0..R {
+                *out.add(r * n + i) = _mm512_reduce_add_ps(acc[r][i]);
             }
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn matmul_avx2(x: &[f32], m: usize, w: &[f32], k: usize, n: usize, out: OutPtr, cols: Range<usize>) {
-        drive(x, m, w, k, n, out, cols, |xp, mr, wp, rows, op| {
+    pub(super) unsafe fn matmul_avx2(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
+        let (k, n) = (w.cols, w.rows);
+        drive(x, m, w, out, cols, |xp, group, wp, rows, op| {
             let mut r = 0;
-            while r < mr {
+            while r < group {
                 // Two activation rows at a time keep the accumulators within 16 registers.
-                match ((mr - r).min(2), rows) {
+                let g = (group - r).min(2);
+                match (g, rows) {
                     (2, TILE) => tile256::<2, TILE>(xp.add(r * k), wp, k, op.add(r * n), n),
                     (_, TILE) => tile256::<1, TILE>(xp.add(r * k), wp, k, op.add(r * n), n),
                     (2, _) => tile256::<2, 1>(xp.add(r * k), wp, k, op.add(r * n), n),
                     _ => tile256::<1, 1>(xp.add(r * k), wp, k, op.add(r * n), n),
                 }
-                r += (mr - r).min(2);
+                r += g;
             }
         });
     }
 
+    /// As `tile512`, eight lanes at a time over the 16-value slices, scalar tail.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn tile256<const M: usize, const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
         let mut acc = [[_mm256_setzero_ps(); R]; M];
-        let mut i = 0;
-        while i + 8 <= k {
-            let mut wv = [_mm256_setzero_ps(); R];
-            for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(w.add(c * k + i));
-            }
-            for (r, a) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(x.add(r * k + i));
-                for c in 0..R {
-                    a[c] = _mm256_fmadd_ps(xv, wv[c], a[c]);
+        let full = k / LANES;
+        for c in 0..full {
+            for half in 0..2 {
+                let mut wv = [_mm256_setzero_ps(); R];
+                for (i, v) in wv.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(w.add(c * R * LANES + i * LANES + half * 8));
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(r * k + c * LANES + half * 8));
+                    for i in 0..R {
+                        a[i] = _mm256_fmadd_ps(xv, wv[i], a[i]);
+                    }
                 }
             }
-            i += 8;
         }
         for r in 0..M {
-            for c in 0..R {
+            for i in 0..R {
                 let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][c]);
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][i]);
                 let mut s: f32 = lanes.iter().sum();
-                for t in i..k {
-                    s += *x.add(r * k + t) * *w.add(c * k + t);
+                for t in full * LANES..k {
+                    s += *x.add(r * k + t) * *w.add(full * R * LANES + i * LANES + (t - full * LANES));
                 }
-                *out.add(r * n + c) = s;
+                *out.add(r * n + i) = s;
             }
         }
     }
@@ -238,33 +289,48 @@ mod tests {
         (0..len).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()
     }
 
-    type Kernel = fn(&[f32], usize, &[f32], usize, usize, OutPtr, Range<usize>);
+    type Kernel = fn(&[f32], usize, &Packed, OutPtr, Range<usize>);
 
     fn kernels() -> Vec<(&'static str, Kernel)> {
         let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", matmul_portable), ("dispatch", matmul)];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
-                ks.push(("avx512", |x, m, w, k, n, o, c| unsafe { x86::matmul_avx512(x, m, w, k, n, o, c) }));
+                ks.push(("avx512", |x, m, w, o, c| unsafe { x86::matmul_avx512(x, m, w, o, c) }));
             }
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                ks.push(("avx2", |x, m, w, k, n, o, c| unsafe { x86::matmul_avx2(x, m, w, k, n, o, c) }));
+                ks.push(("avx2", |x, m, w, o, c| unsafe { x86::matmul_avx2(x, m, w, o, c) }));
             }
         }
         ks
     }
 
     #[test]
+    fn packing_keeps_every_row() {
+        for &(n, k) in &[(1, 1), (5, 17), (8, 32), (11, 100)] {
+            let w = data(n * k, 4);
+            let p = Packed::pack(&w, n, k);
+            for r in 0..n {
+                let mut row = Vec::new();
+                p.row_into(r, &mut row);
+                assert_eq!(row, &w[r * k..(r + 1) * k]);
+            }
+        }
+    }
+
+    #[test]
     fn every_kernel_matches_the_naive_product_on_odd_shapes() {
         for (name, kernel) in kernels() {
-            for &(m, k, n) in &[(1, 1, 1), (1, 17, 5), (2, 31, 9), (3, 64, 7), (5, 100, 13), (8, 15, 4), (9, 576, 11), (4, 33, 3)] {
+            for &(m, k, n) in &[(1, 1, 1), (1, 17, 5), (2, 31, 9), (3, 64, 7), (5, 100, 13), (8, 15, 4), (9, 576, 11), (4, 33, 3), (6, 48, 21)] {
                 let (x, w) = (data(m * k, 1), data(n * k, 2));
+                let packed = Packed::pack(&w, n, k);
                 let want = naive(&x, m, &w, k, n);
                 let mut got = vec![f32::NAN; m * n];
-                // Two column ranges, as two threads would split them.
+                // Two column ranges, as two threads would split them (at a tile boundary).
                 let out = OutPtr::new(&mut got);
-                kernel(&x, m, &w, k, n, out, 0..n / 2);
-                kernel(&x, m, &w, k, n, out, n / 2..n);
+                let split = (n / 2) / 4 * 4;
+                kernel(&x, m, &packed, out, 0..split);
+                kernel(&x, m, &packed, out, split..n);
                 for (a, b) in got.iter().zip(&want) {
                     assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{name} m{m} k{k} n{n}: {a} vs {b}");
                 }

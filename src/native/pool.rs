@@ -50,18 +50,20 @@ impl SpinBarrier {
             self.arrived.store(0, Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Release);
         } else {
-            wait_until(|| self.generation.load(Ordering::Acquire) != gen);
+            wait_until(|| self.generation.load(Ordering::Acquire) != gen, false);
         }
     }
 }
 
-/// Spins, then yields, then sleeps in short naps until `ready()`.
-fn wait_until(ready: impl Fn() -> bool) {
+/// Spins, then yields, then (if `nap`) sleeps in short naps until `ready()`. Idle workers nap
+/// (a new job unparks them); a thread waiting on others inside a job only spins and yields, as
+/// the wait is no longer than the job and nobody would wake it early.
+fn wait_until(ready: impl Fn() -> bool, nap: bool) {
     let mut n = 0u32;
     while !ready() {
         if n < SPINS {
             std::hint::spin_loop();
-        } else if n < SPINS + YIELDS {
+        } else if n < SPINS + YIELDS || !nap {
             thread::yield_now();
         } else {
             thread::park_timeout(Duration::from_micros(200));
@@ -154,14 +156,14 @@ impl Team {
             eprintln!("specdec: a parallel job panicked; aborting");
             std::process::abort();
         }
-        wait_until(|| s.pending.load(Ordering::Acquire) == 0);
+        wait_until(|| s.pending.load(Ordering::Acquire) == 0, false);
     }
 }
 
 fn worker(s: &Shared, id: usize) {
     let mut seen = 0;
     loop {
-        wait_until(|| s.epoch.load(Ordering::Acquire) != seen || s.stop.load(Ordering::Relaxed));
+        wait_until(|| s.epoch.load(Ordering::Acquire) != seen || s.stop.load(Ordering::Relaxed), true);
         if s.stop.load(Ordering::Relaxed) {
             return;
         }

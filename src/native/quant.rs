@@ -10,6 +10,13 @@
 //! values (u8 × i8), and each weight block is unpacked once for all activation rows. This is
 //! the scheme llama.cpp uses (quantized activations, integer dots); the single layout keeps one
 //! kernel for all four formats. Rows are padded to a multiple of 64 values with zero blocks.
+//!
+//! Within each 64-value chunk, codes (and quantized activations) are stored in *interleaved*
+//! order: 4 values of the first block, 4 of the second, and so on. `vpdpbusd` sums groups of 4
+//! bytes per lane, so lanes alternate between the two blocks and their scales are one 8-byte
+//! broadcast `[d0, d1, d0, d1, …]`. 4-bit codes of two neighbouring chunks share 64 bytes (low
+//! nibbles for the first chunk, high for the second), so one load and three operations unpack
+//! 128 codes.
 
 use std::ops::Range;
 
@@ -25,7 +32,8 @@ const CHUNK: usize = 64;
 /// Bits per code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bits {
-    /// Two codes per byte: byte j of a 64-value chunk holds value j (low) and j + 32 (high).
+    /// Two codes per byte: chunks in pairs, byte i holding position i of the first chunk (low
+    /// nibble) and of the second (high); an odd last chunk holds positions i and i + 32.
     Four,
     /// One code per byte.
     Eight,
@@ -75,11 +83,23 @@ impl QMatrix {
     }
 
     fn push_row(&mut self, codes: &[u8], d: &[f32], m: &[f32]) {
+        // Reorder each chunk into interleaved positions.
+        let mut ordered = vec![0u8; codes.len()];
+        for (c, chunk) in codes.chunks_exact(CHUNK).enumerate() {
+            for (v, &q) in chunk.iter().enumerate() {
+                ordered[c * CHUNK + position(v)] = q;
+            }
+        }
         match self.bits {
-            Bits::Eight => self.qs.extend_from_slice(codes),
+            Bits::Eight => self.qs.extend_from_slice(&ordered),
             Bits::Four => {
-                for chunk in codes.chunks_exact(CHUNK) {
-                    self.qs.extend((0..32).map(|j| chunk[j] | (chunk[j + 32] << 4)));
+                let mut pairs = ordered.chunks_exact(2 * CHUNK);
+                for pair in &mut pairs {
+                    self.qs.extend((0..CHUNK).map(|i| pair[i] | (pair[CHUNK + i] << 4)));
+                }
+                let last = pairs.remainder();
+                if !last.is_empty() {
+                    self.qs.extend((0..32).map(|i| last[i] | (last[i + 32] << 4)));
                 }
             }
         }
@@ -130,12 +150,14 @@ impl QMatrix {
     /// The code of value `i` of row `r`.
     fn code(&self, r: usize, i: usize) -> u8 {
         let qs = self.row_qs(r);
+        let (chunk, pos) = (i / CHUNK, position(i % CHUNK));
         match self.bits {
-            Bits::Eight => qs[i],
+            Bits::Eight => qs[chunk * CHUNK + pos],
+            Bits::Four if chunk % 2 == 1 => qs[(chunk - 1) * 32 + pos] >> 4,
+            Bits::Four if chunk + 1 < self.padded / CHUNK => qs[chunk * 32 + pos] & 0xF,
             Bits::Four => {
-                let (chunk, j) = (i / CHUNK, i % CHUNK);
-                let byte = qs[chunk * 32 + j % 32];
-                if j < 32 { byte & 0xF } else { byte >> 4 }
+                let byte = qs[chunk * 32 + pos % 32];
+                if pos < 32 { byte & 0xF } else { byte >> 4 }
             }
         }
     }
@@ -206,8 +228,15 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Activation rows quantized per 32 values: `xq` (i8), `dx`, `sx = dx·Σxq`, and `dx`
-/// broadcast per 64-value chunk as 8 + 8 lanes for the AVX-512 kernel.
+/// Where value `v` (0..64) of a chunk is stored: 4 values of the first block, 4 of the second,
+/// alternating.
+fn position(v: usize) -> usize {
+    let (block, j) = (v / 32, v % 32);
+    ((j / 4) * 2 + block) * 4 + j % 4
+}
+
+/// Activation rows quantized per 32 values: `xq` (i8, in interleaved chunk order), `dx`, and
+/// `sx = dx·Σxq`.
 #[derive(Debug, Default)]
 pub struct QActs {
     rows: usize,
@@ -215,7 +244,6 @@ pub struct QActs {
     xq: Vec<i8>,
     dx: Vec<f32>,
     sx: Vec<f32>,
-    dx_lanes: Vec<f32>,
 }
 
 impl QActs {
@@ -227,29 +255,32 @@ impl QActs {
         self.padded = padded;
         self.xq.clear();
         self.xq.resize(m * padded, 0);
-        self.dx.clear();
-        self.sx.clear();
-        self.dx_lanes.clear();
-        for r in 0..m {
-            let row = &x[r * k..(r + 1) * k];
+        self.dx.resize(m * nb, 0.0);
+        self.sx.resize(m * nb, 0.0);
+        quantize_blocks(x, k, padded, &mut self.xq, &mut self.dx, &mut self.sx);
+    }
+}
+
+multiversion! {
+    /// Per 32 values of each row of `x` (rows of `k`, padded to `padded` with zeros):
+    /// `dx = max|x| / 127`, `xq = round(x / dx)`, `sx = dx·Σxq`.
+    fn quantize_blocks(x: &[f32], k: usize, padded: usize, xq: &mut [i8], dx: &mut [f32], sx: &mut [f32]) {
+        let nb = padded / 32;
+        for (r, row) in x.chunks_exact(k).enumerate() {
             for b in 0..nb {
                 let vals = &row[(b * 32).min(k)..((b + 1) * 32).min(k)];
                 let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let d = amax / 127.0;
                 let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let chunk = &mut xq[r * padded + b / 2 * CHUNK..][..CHUNK];
                 let mut sum = 0i32;
                 for (j, &v) in vals.iter().enumerate() {
-                    let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
-                    self.xq[r * padded + b * 32 + j] = q;
+                    let q = (v * inv).round_ties_even() as i8;
+                    chunk[position((b % 2) * 32 + j)] = q;
                     sum += q as i32;
                 }
-                self.dx.push(d);
-                self.sx.push(d * sum as f32);
-            }
-            for c in 0..padded / CHUNK {
-                let (a, b) = (self.dx[r * nb + 2 * c], self.dx[r * nb + 2 * c + 1]);
-                self.dx_lanes.extend([a; 8]);
-                self.dx_lanes.extend([b; 8]);
+                dx[r * nb + b] = d;
+                sx[r * nb + b] = d * sum as f32;
             }
         }
     }
@@ -279,7 +310,8 @@ pub fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>)
             for b in 0..nb {
                 let mut dot = 0i32;
                 for i in b * 32..(b + 1) * 32 {
-                    dot += w.code(c, i) as i32 * a.xq[r * a.padded + i] as i32;
+                    let x = a.xq[r * a.padded + i / CHUNK * CHUNK + position(i % CHUNK)];
+                    dot += w.code(c, i) as i32 * x as i32;
                 }
                 acc += w.d[c * nb + b] * a.dx[r * nb + b] * dot as f32 + w.m[c * nb + b] * a.sx[r * nb + b];
             }
@@ -324,20 +356,12 @@ mod x86 {
         }
     }
 
-    /// 64 codes of chunk `p` of weight row `c` as bytes in value order.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// Two scales `[s0, s1]` at `p` broadcast as `[s0, s1, s0, s1, …]`, the lane order of a
+    /// `vpdpbusd` over an interleaved chunk.
+    #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn codes(w: &QMatrix, c: usize, p: usize) -> __m512i {
-        match w.bits {
-            Bits::Eight => _mm512_loadu_si512(w.qs.as_ptr().add(c * w.padded + p * CHUNK) as *const _),
-            Bits::Four => {
-                let packed = _mm256_loadu_si256(w.qs.as_ptr().add(c * w.padded / 2 + p * 32) as *const __m256i);
-                let mask = _mm256_set1_epi8(0x0F);
-                let lo = _mm256_and_si256(packed, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-            }
-        }
+    unsafe fn pair(p: *const f32) -> __m512 {
+        _mm512_castsi512_ps(_mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64)))
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -345,35 +369,85 @@ mod x86 {
     unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: OutPtr) {
         let nb = w.padded / 32;
         let chunks = w.padded / CHUNK;
-        let pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let four = w.bits == Bits::Four;
+        let row_bytes = if four { w.padded / 2 } else { w.padded };
+        let qs = w.qs.as_ptr().add(c0 * row_bytes);
+        let wd = w.d.as_ptr().add(c0 * nb);
+        let xq = a.xq.as_ptr().add(r0 * a.padded);
+        let dx = a.dx.as_ptr().add(r0 * nb);
+        let low = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); R]; M];
-        for p in 0..chunks {
-            let mut wq = [_mm512_setzero_si512(); R];
-            let mut wd = [_mm512_setzero_ps(); R];
-            for c in 0..R {
-                wq[c] = codes(w, c0 + c, p);
-                let pair = _mm_castsi128_ps(_mm_loadl_epi64(w.d.as_ptr().add((c0 + c) * nb + 2 * p) as *const __m128i));
-                wd[c] = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(pair));
+        // One chunk: codes of each weight row in `wq`, scales at block 2p.
+        let mut step = |p: usize, wq: &[__m512i; R]| {
+            let mut scale = [_mm512_setzero_ps(); R];
+            for (i, s) in scale.iter_mut().enumerate() {
+                *s = pair(wd.add(i * nb + 2 * p));
             }
-            for r in 0..M {
-                let row = r0 + r;
-                let xq = _mm512_loadu_si512(a.xq.as_ptr().add(row * a.padded + p * CHUNK) as *const _);
-                let dx = _mm512_loadu_ps(a.dx_lanes.as_ptr().add((row * chunks + p) * 16));
-                for c in 0..R {
-                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[c], xq);
-                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd[c], dx), acc[r][c]);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let x = _mm512_loadu_si512(xq.add(r * a.padded + p * CHUNK) as *const _);
+                let sx = pair(dx.add(r * nb + 2 * p));
+                for i in 0..R {
+                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[i], x);
+                    acc_r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], sx), acc_r[i]);
                 }
+            }
+        };
+        if four {
+            let mut p = 0;
+            while p + 1 < chunks {
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+                for i in 0..R {
+                    // The rows are short streams the prefetcher misses: fetch the next tile's.
+                    _mm_prefetch::<_MM_HINT_T0>(qs.add((R + i) * row_bytes + p * 32) as *const i8);
+                    let v = _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _);
+                    lo[i] = _mm512_and_si512(v, low);
+                    hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                }
+                step(p, &lo);
+                step(p + 1, &hi);
+                p += 2;
+            }
+            if p < chunks {
+                let mut last = [_mm512_setzero_si512(); R];
+                for (i, l) in last.iter_mut().enumerate() {
+                    let v = _mm256_loadu_si256(qs.add(i * row_bytes + p * 32) as *const __m256i);
+                    let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+                    *l = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                }
+                step(p, &last);
+            }
+        } else {
+            for p in 0..chunks {
+                let mut codes = [_mm512_setzero_si512(); R];
+                for (i, c) in codes.iter_mut().enumerate() {
+                    _mm_prefetch::<_MM_HINT_T0>(qs.add((R + i) * row_bytes + p * CHUNK) as *const i8);
+                    *c = _mm512_loadu_si512(qs.add(i * row_bytes + p * CHUNK) as *const _);
+                }
+                step(p, &codes);
             }
         }
         for r in 0..M {
-            let row = r0 + r;
-            for c in 0..R {
-                let col = c0 + c;
-                let (wm, sx) = (&w.m[col * nb..(col + 1) * nb], &a.sx[row * nb..(row + 1) * nb]);
-                let offset: f32 = wm.iter().zip(sx).map(|(m, s)| m * s).sum();
-                out.write(row * w.rows + col, _mm512_reduce_add_ps(acc[r][c]) + offset);
+            for i in 0..R {
+                let offset = dot_f32(w.m.as_ptr().add((c0 + i) * nb), a.sx.as_ptr().add((r0 + r) * nb), nb);
+                out.write((r0 + r) * w.rows + c0 + i, _mm512_reduce_add_ps(acc[r][i]) + offset);
             }
         }
+    }
+
+    /// Σ a[i]·b[i] for i < n, 16 lanes at a time.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let left = n - i;
+            let mask: __mmask16 = if left >= 16 { 0xFFFF } else { ((1u32 << left) - 1) as u16 };
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, a.add(i)), _mm512_maskz_loadu_ps(mask, b.add(i)), acc);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(acc)
     }
 }
 
@@ -401,7 +475,8 @@ mod tests {
     #[test]
     fn repacked_rows_dequantize_like_candle() {
         for dtype in TYPES {
-            let (rows, cols) = (5, 512);
+            // 576 values = 9 chunks: an odd last chunk (Q4_K blocks need multiples of 256).
+            let (rows, cols) = (5, if dtype == GgmlDType::Q4K { 512 } else { 576 });
             let (m, deq) = repack(dtype, rows, cols);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
@@ -424,7 +499,10 @@ mod tests {
             kernels.push(("vnni", |a, w, o, c| unsafe { x86::qmatmul_vnni(a, w, o, c) }));
         }
         for dtype in TYPES {
-            for &(n, k) in &[(7usize, 256usize), (13, 512), (3, 768)] {
+            for &(n, k) in &[(7usize, 256usize), (13, 512), (3, 768), (6, 576), (5, 64)] {
+                if dtype == GgmlDType::Q4K && k % 256 != 0 {
+                    continue;
+                }
                 let (w, deq) = repack(dtype, n, k);
                 for m in 1..=9 {
                     let x = data(m * k, 3);
@@ -453,10 +531,11 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw") {
             for dtype in TYPES {
-                let (w, _) = repack(dtype, 9, 512);
-                let x = data(5 * 512, 11);
+                let k = if dtype == GgmlDType::Q4K { 512 } else { 576 };
+                let (w, _) = repack(dtype, 9, k);
+                let x = data(5 * k, 11);
                 let mut acts = QActs::default();
-                acts.quantize(&x, 5, 512);
+                acts.quantize(&x, 5, k);
                 let (mut a, mut b) = (vec![0f32; 45], vec![0f32; 45]);
                 qmatmul_portable(&acts, &w, OutPtr::new(&mut a), 0..9);
                 unsafe { x86::qmatmul_vnni(&acts, &w, OutPtr::new(&mut b), 0..9) };
