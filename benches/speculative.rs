@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow};
-use specdec::native::matmul::{matmul, OutPtr};
+use specdec::native::matmul::{matmul, OutPtr, Packed};
 use specdec::toy::MarkovModel;
 use specdec::{Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat};
 
@@ -52,7 +52,7 @@ fn kernel_rows(c: &mut Criterion) {
 /// (b) The SmolLM2 FFN shape (1536 × 576) for 1 and 5 rows, and whole model forwards.
 fn rows_one_vs_many(c: &mut Criterion) {
     let (n, k) = (1536, 576);
-    let w: Vec<f32> = (0..n * k).map(|i| (i % 97) as f32 / 97.0).collect();
+    let w = Packed::pack(&(0..n * k).map(|i| (i % 97) as f32 / 97.0).collect::<Vec<_>>(), n, k);
     let mut g = c.benchmark_group("matmul_1536x576");
     g.sample_size(50).measurement_time(Duration::from_secs(3));
     for m in [1usize, 5] {
@@ -61,7 +61,7 @@ fn rows_one_vs_many(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::from_parameter(format!("{m}_rows")), &m, |b, &m| {
             b.iter(|| {
                 let out = OutPtr::new(&mut y);
-                specdec::native::pool::team().run(&|ctx| matmul(&x, m, &w, k, n, out, ctx.share(n, 16)));
+                specdec::native::pool::team().run(n, 64, &|rows| matmul(&x, m, &w, out, rows));
             })
         });
     }

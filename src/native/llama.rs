@@ -18,6 +18,10 @@ use crate::native::pool::team;
 use crate::native::quant::{qmatmul, QActs, QMatrix};
 use candle_core::quantized::{GgmlDType, QTensor};
 
+/// Weight rows per chunk of a parallel product: a multiple of the kernels' 4-row tiles, small
+/// enough that a busy thread's chunks can be taken over, large enough to amortize a claim.
+const GRAIN: usize = 64;
+
 /// A weight matrix, (rows, cols) row-major as stored in GGUF (out, in): f32, or quantized in
 /// the engine's layout.
 #[derive(Debug)]
@@ -95,14 +99,11 @@ impl Matrix {
         out.resize(m * self.rows(), 0.0);
         let dst = OutPtr::new(out);
         match self {
-            Self::F32(p) => {
-                // 16-row grains keep each thread's share of whole tiles, contiguous and even.
-                team().run(&|ctx| matmul(x, m, p, dst, ctx.share(p.rows(), 16)));
-            }
+            Self::F32(p) => team().run(p.rows(), GRAIN, &|rows| matmul(x, m, p, dst, rows)),
             Self::Quant(q) => {
                 acts.quantize(x, m, q.cols());
                 let acts = &*acts;
-                team().run(&|ctx| qmatmul(acts, q, dst, ctx.share(q.rows(), 16)));
+                team().run(q.rows(), GRAIN, &|rows| qmatmul(acts, q, dst, rows));
             }
         }
     }
@@ -235,9 +236,9 @@ fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], pos: usize, n: usiz
     let hd = s.head_dim;
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);
-    team().run(&|ctx| {
+    team().run(n * s.heads, 1, &|items| {
         let mut scores = Vec::with_capacity(pos + n);
-        for item in ctx.share(n * s.heads, 1) {
+        for item in items {
             let (i, h) = (item / s.heads, item % s.heads);
             let qv = &q[(i * s.heads + h) * hd..][..hd];
             // SAFETY: each (row, head) item owns its own hd-wide slot of `out`.

@@ -203,7 +203,7 @@ mod x86 {
         for c in 0..chunks {
             let base = w.add(c * R * LANES);
             // Fetch well ahead of use: the next tiles are farther than the prefetcher looks.
-            _mm_prefetch::<_MM_HINT_T0>(base.add(16 * R * LANES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(base.add(48 * R * LANES) as *const i8);
             let mut wv = [_mm512_setzero_ps(); R];
             for (i, v) in wv.iter_mut().enumerate() {
                 *v = _mm512_loadu_ps(base.add(i * LANES));
