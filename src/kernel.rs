@@ -171,7 +171,8 @@ fn check_rows(p: &[f32], q: DraftRow, token: u32) -> Result<()> {
     if token as usize >= p.len() {
         return Err(Error::TokenOutOfRange { token, vocab: p.len() });
     }
-    if !(row_total(p) > 0.0) {
+    let total = row_total(p);
+    if total.is_nan() || total <= 0.0 {
         return Err(Error::EmptyDistribution);
     }
     Ok(())

@@ -58,6 +58,8 @@ impl std::fmt::Display for DrafterSpec {
 }
 
 /// A drafter chosen at run time.
+// One value per model, built once: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Drafter {
     /// A model (separate, re-quantized or layer-skip).

@@ -41,8 +41,8 @@ impl LlamaConfig {
         let checks: [(&'static str, usize, bool, &'static str); 6] = [
             ("vocab_size", self.vocab_size, self.vocab_size > 0, "at least 1"),
             ("num_layers", self.num_layers, self.num_layers > 0, "at least 1"),
-            ("num_kv_heads", self.num_kv_heads, self.num_kv_heads > 0 && self.num_heads % self.num_kv_heads == 0, "a divisor of num_heads"),
-            ("head_dim", self.head_dim, self.head_dim > 0 && self.head_dim % 2 == 0, "a positive even number"),
+            ("num_kv_heads", self.num_kv_heads, self.num_kv_heads > 0 && self.num_heads.is_multiple_of(self.num_kv_heads), "a divisor of num_heads"),
+            ("head_dim", self.head_dim, self.head_dim > 0 && self.head_dim.is_multiple_of(2), "a positive even number"),
             ("hidden_size", self.hidden_size, self.hidden_size > 0, "at least 1"),
             ("max_context", self.max_context, self.max_context > 0, "at least 1"),
         ];

@@ -31,6 +31,8 @@ pub enum Engine {
     Candle,
 }
 
+// One value per model, built once: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Weights {
     Native(NativeWeights),
@@ -94,6 +96,8 @@ pub(crate) fn rope_angles(c: &LlamaConfig) -> Vec<f32> {
     (0..c.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
 }
 
+// One value per model, built once: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum State {
     Native(NativeCache),

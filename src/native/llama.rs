@@ -48,8 +48,8 @@ impl Matrix {
             };
             // Q4_K needs rows of whole 256-value super-blocks; narrower rows take Q4_1, its
             // 32-value cousin (as llama.cpp falls back for such tensors).
-            let target = target.map(|q| if q == GgmlDType::Q4K && cols % 256 != 0 { GgmlDType::Q4_1 } else { q });
-            loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols % q.block_size() == 0) {
+            let target = target.map(|q| if q == GgmlDType::Q4K && !cols.is_multiple_of(256) { GgmlDType::Q4_1 } else { q });
+            loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols.is_multiple_of(q.block_size())) {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
                 Some(q) => {
                     let requant = QTensor::quantize(&t.dequantize(&Device::Cpu)?, q)?;

@@ -136,7 +136,7 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) 
 }
 
 fn check(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: &Range<usize>) {
-    assert!(x.len() >= m * w.cols && out.len >= m * w.rows && cols.end <= w.rows && cols.start % TILE == 0, "matmul sizes");
+    assert!(x.len() >= m * w.cols && out.len >= m * w.rows && cols.end <= w.rows && cols.start.is_multiple_of(TILE), "matmul sizes");
 }
 
 /// The reference kernel, also the fallback.
@@ -155,6 +155,8 @@ pub fn matmul_portable(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range
     }
 }
 
+// The kernels index register arrays by (row, column) to mirror the tile's math.
+#[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{OutPtr, Packed, LANES, ROWS, TILE};

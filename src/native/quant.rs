@@ -66,7 +66,7 @@ impl QMatrix {
     pub fn from_ggml(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
         let block = dtype.block_size();
         let expected = rows * cols / block * dtype.type_size();
-        if !Self::supports(dtype) || cols % block != 0 || bytes.len() != expected {
+        if !Self::supports(dtype) || !cols.is_multiple_of(block) || bytes.len() != expected {
             return Err(Error::setting("quantized tensor", format!("{dtype:?} {rows}x{cols}, {} bytes", bytes.len()), "Q8_0, Q4_0, Q4_1 or Q4_K with whole blocks per row"));
         }
         let bits = if dtype == GgmlDType::Q8_0 { Bits::Eight } else { Bits::Four };
@@ -327,6 +327,8 @@ pub fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>)
     }
 }
 
+// The kernels index register arrays by (row, column) to mirror the tile's math.
+#[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Bits, QActs, QMatrix, CHUNK};
