@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
 use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
-use specdec::{Drafter, DrafterSpec, KPolicy, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat};
+use specdec::{Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat};
 
 #[derive(Parser)]
 struct Args {
@@ -82,8 +82,8 @@ fn main() -> Result<()> {
     drop(quant);
     println!("target {} (f32, {:?} engine): v = T(5 tokens)/T(1 token) at context 100 = {v_f32:.2}; its stored weights: v = {v_quant:.2}", files.name(), target.engine());
     println!(
-        "{:<14} {:>6} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
-        "drafter", "k", "temp", "alpha", "a_pos", "tok/call", "c", "v", "plain/s", "spec/s", "speedup", "S(kac)", "S(v)", "rss plain", "rss spec"
+        "{:<14} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
+        "drafter", "k", "mean k", "temp", "alpha", "a_pos", "tok/call", "c", "v", "plain/s", "spec/s", "speedup", "S(kac)", "S(v)", "rss plain", "rss spec"
     );
     let mut rows = Vec::new();
     for temp in parse_list::<f32>(&args.temperatures)? {
@@ -113,8 +113,8 @@ fn main() -> Result<()> {
                     "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec,
                 });
                 println!(
-                    "{:<14} {:>6} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0}",
-                    spec.to_string(), k.to_string(), temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,
+                    "{:<14} {:>6} {:>5.2} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0}",
+                    spec.to_string(), k.to_string(), kbar, temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,
                     mean(&plain.tok_s), mean(&run.tok_s), mean(&speedups), row["predicted_speedup"].as_f64().unwrap_or(0.0),
                     row["predicted_speedup_with_v"].as_f64().unwrap_or(0.0), rss_plain, rss_spec
                 );
@@ -158,14 +158,7 @@ fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
 
 fn run_plain(target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], sampling: &SamplingConfig, args: &Args, stop: &[u32]) -> Result<Run> {
     let mut dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).max_new_tokens(args.max_new_tokens).stop_tokens(stop.to_vec());
-    dec.generate(&prompts[0])?; // warm-up: page in the weights, start the threads
-    let (mut stats, mut tok_s) = (Vec::new(), Vec::new());
-    for p in prompts {
-        let out = dec.generate(p)?;
-        tok_s.push(out.stats.tokens_per_sec());
-        stats.push(out.stats);
-    }
-    Ok(Run { stats, tok_s })
+    run_prompts(prompts, |p| dec.generate(p))
 }
 
 fn run_spec(drafter: Drafter, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], sampling: &SamplingConfig, k: KPolicy, args: &Args, stop: &[u32]) -> Result<Run> {
@@ -175,10 +168,15 @@ fn run_spec(drafter: Drafter, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], 
         .max_new_tokens(args.max_new_tokens)
         .stop_tokens(stop.to_vec())
         .build()?;
-    dec.generate(&prompts[0])?;
+    run_prompts(prompts, |p| dec.generate(p))
+}
+
+/// One warm-up generation (pages in the weights, starts the threads), then one per prompt.
+fn run_prompts(prompts: &[Vec<u32>], mut generate: impl FnMut(&[u32]) -> specdec::Result<Generation>) -> Result<Run> {
+    generate(&prompts[0])?;
     let (mut stats, mut tok_s) = (Vec::new(), Vec::new());
     for p in prompts {
-        let out = dec.generate(p)?;
+        let out = generate(p)?;
         tok_s.push(out.stats.tokens_per_sec());
         stats.push(out.stats);
     }
@@ -207,17 +205,9 @@ fn verify_ratio(weights: &Arc<LlamaWeights>) -> Result<f64> {
 }
 
 fn sum(stats: &[Stats]) -> Stats {
-    stats.iter().fold(Stats::default(), |mut t, s| {
-        t.new_tokens += s.new_tokens;
-        t.target_calls += s.target_calls;
-        t.draft_calls += s.draft_calls;
-        t.drafted += s.drafted;
-        t.accepted += s.accepted;
-        t.rejections += s.rejections;
-        t.draft_secs += s.draft_secs;
-        t.target_secs += s.target_secs;
-        t.decode_secs += s.decode_secs;
-        t
+    stats.iter().fold(Stats::default(), |mut total, s| {
+        total += s;
+        total
     })
 }
 

@@ -100,6 +100,22 @@ impl Stats {
     }
 }
 
+impl std::ops::AddAssign<&Stats> for Stats {
+    /// Adds the counters and times of another generation (for totals over several).
+    fn add_assign(&mut self, o: &Stats) {
+        self.new_tokens += o.new_tokens;
+        self.target_calls += o.target_calls;
+        self.draft_calls += o.draft_calls;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.rejections += o.rejections;
+        self.prefill_secs += o.prefill_secs;
+        self.draft_secs += o.draft_secs;
+        self.target_secs += o.target_secs;
+        self.decode_secs += o.decode_secs;
+    }
+}
+
 /// Tokens generated and what it took.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Generation {

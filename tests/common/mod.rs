@@ -154,13 +154,7 @@ pub fn check_windows<D: DraftModel, T: TargetModel>(
         for (w, &s) in windows.iter().enumerate() {
             counts[w][cell(&out.tokens, s, 3, vocab)] += 1;
         }
-        let s = out.stats;
-        total.new_tokens += s.new_tokens;
-        total.target_calls += s.target_calls;
-        total.draft_calls += s.draft_calls;
-        total.drafted += s.drafted;
-        total.accepted += s.accepted;
-        total.rejections += s.rejections;
+        total += &out.stats;
     }
     for (w, &s) in windows.iter().enumerate() {
         assert_fits(&format!("{name}, tokens {s}..{}", s + 3), &counts[w], &exact[w]);
