@@ -11,8 +11,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
+use specdec::sampling::argmax;
 use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
-use specdec::{Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat};
+use specdec::{Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat};
 
 #[derive(Parser)]
 struct Args {
@@ -46,6 +47,10 @@ struct Args {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Weight formats to compare with the f32 target over the prompts' positions (mean
+    /// |Δlogit|, argmax agreement, 1-token and 5-token forward times), comma-separated.
+    #[arg(long, default_value = "stored,q8_0,q4_0,q4_1,q4k")]
+    formats: String,
     /// End with one JSON line.
     #[arg(long)]
     json: bool,
@@ -58,10 +63,11 @@ const PROMPTS: [&str; 4] = [
     "List ten fruits and one fact about each.",
 ];
 
-/// Summed over prompts: (statistics, seconds, per-prompt speedups are computed by the caller).
+/// Per prompt: statistics, tokens per second and the tokens.
 struct Run {
     stats: Vec<Stats>,
     tok_s: Vec<f64>,
+    tokens: Vec<Vec<u32>>,
 }
 
 fn main() -> Result<()> {
@@ -81,9 +87,12 @@ fn main() -> Result<()> {
     let v_quant = verify_ratio(&quant)?;
     drop(quant);
     println!("target {} (f32, {:?} engine): v = T(5 tokens)/T(1 token) at context 100 = {v_f32:.2}; its stored weights: v = {v_quant:.2}", files.name(), target.engine());
+    if !args.formats.is_empty() {
+        format_errors(&args, &files, &target, &prompts, &device)?;
+    }
     println!(
-        "{:<14} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
-        "drafter", "k", "mean k", "temp", "alpha", "a_pos", "tok/call", "c", "v", "plain/s", "spec/s", "speedup", "S(kac)", "S(v)", "rss plain", "rss spec"
+        "{:<14} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5}",
+        "drafter", "k", "mean k", "temp", "alpha", "a_pos", "tok/call", "c", "v", "plain/s", "spec/s", "speedup", "S(kac)", "S(v)", "rss plain", "rss spec", "match"
     );
     let mut rows = Vec::new();
     for temp in parse_list::<f32>(&args.temperatures)? {
@@ -103,6 +112,7 @@ fn main() -> Result<()> {
                 // v of this run: verification call time over the plain one-token call time.
                 let v = (total.target_secs / total.target_calls.max(1) as f64) / (sum(&plain.stats).target_secs / sum(&plain.stats).target_calls.max(1) as f64);
                 let c_plain = c * v; // draft call over a one-token target call
+                let greedy_match = (temp == 0.0).then(|| run.tokens == plain.tokens);
                 let row = json!({
                     "drafter": spec.to_string(), "k": k.to_string(), "temperature": temp,
                     "acceptance_rate": total.acceptance_rate(), "position_acceptance": alpha, "mean_k": kbar,
@@ -110,13 +120,14 @@ fn main() -> Result<()> {
                     "plain_tok_s": mean(&plain.tok_s), "spec_tok_s": mean(&run.tok_s), "speedup": mean(&speedups),
                     "predicted_speedup": predicted_speedup(kbar, alpha, c_plain),
                     "predicted_speedup_with_v": predicted_speedup_with_verify(kbar, alpha, c_plain, v),
-                    "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec,
+                    "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec, "greedy_match": greedy_match,
                 });
                 println!(
-                    "{:<14} {:>6} {:>5.2} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0}",
+                    "{:<14} {:>6} {:>5.2} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0} {:>5}",
                     spec.to_string(), k.to_string(), kbar, temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,
                     mean(&plain.tok_s), mean(&run.tok_s), mean(&speedups), row["predicted_speedup"].as_f64().unwrap_or(0.0),
-                    row["predicted_speedup_with_v"].as_f64().unwrap_or(0.0), rss_plain, rss_spec
+                    row["predicted_speedup_with_v"].as_f64().unwrap_or(0.0), rss_plain, rss_spec,
+                    greedy_match.map_or("-", |m| if m { "yes" } else { "NO" })
                 );
                 rows.push(row);
             }
@@ -140,6 +151,29 @@ fn main() -> Result<()> {
             "device": args.device, "rows": rows,
         });
         println!("{summary}");
+    }
+    Ok(())
+}
+
+/// For each weight format: how far its logits are from the f32 target's along the prompts, how
+/// often its argmax agrees, and its forward times for 1 and 5 rows.
+fn format_errors(args: &Args, files: &ModelFiles, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], device: &candle_core::Device) -> Result<()> {
+    println!("{:<8} {:>8} {:>10} {:>9} {:>9} {:>6}", "format", "MB/token", "mean|dl|", "argmax=", "1-row ms", "v(5)");
+    let reference: Vec<Logits> = prompts.iter().map(|p| Ok(Llama::new(target.clone())?.forward(p, p.len())?)).collect::<Result<_>>()?;
+    for f in args.formats.split(',') {
+        let (w, _) = files.load(f.parse()?, device)?;
+        let (mut diff, mut same, mut n) = (0f64, 0usize, 0usize);
+        for (p, r) in prompts.iter().zip(&reference) {
+            let l = Llama::new(w.clone())?.forward(p, p.len())?;
+            for i in 0..p.len() {
+                diff += l.row(i).iter().zip(r.row(i)).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / r.vocab() as f64;
+                same += usize::from(argmax(l.row(i))? == argmax(r.row(i))?);
+                n += 1;
+            }
+        }
+        let one = forward_ms(&w, 1)?;
+        let mb = w.bytes_per_token().map_or(0.0, |b| b as f64 / 1e6);
+        println!("{f:<8} {mb:>8.0} {:>10.4} {:>9.3} {:>9.2} {:>6.2}", diff / n as f64, same as f64 / n as f64, one, forward_ms(&w, 5)? / one);
     }
     Ok(())
 }
@@ -174,34 +208,39 @@ fn run_spec(drafter: Drafter, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], 
 /// One warm-up generation (pages in the weights, starts the threads), then one per prompt.
 fn run_prompts(prompts: &[Vec<u32>], mut generate: impl FnMut(&[u32]) -> specdec::Result<Generation>) -> Result<Run> {
     generate(&prompts[0])?;
-    let (mut stats, mut tok_s) = (Vec::new(), Vec::new());
+    let mut run = Run { stats: Vec::new(), tok_s: Vec::new(), tokens: Vec::new() };
     for p in prompts {
         let out = generate(p)?;
-        tok_s.push(out.stats.tokens_per_sec());
-        stats.push(out.stats);
+        run.tok_s.push(out.stats.tokens_per_sec());
+        run.stats.push(out.stats);
+        run.tokens.push(out.tokens);
     }
-    Ok(Run { stats, tok_s })
+    Ok(run)
 }
 
-/// T(5-token forward) / T(1-token forward) at context 100, all logits rows, best of 5 × 10.
+/// T(5-token forward) / T(1-token forward) at context 100, all logits rows.
 fn verify_ratio(weights: &Arc<LlamaWeights>) -> Result<f64> {
+    forward_ms(weights, 1)?; // warm-up
+    Ok(forward_ms(weights, 5)? / forward_ms(weights, 1)?)
+}
+
+/// Milliseconds of a forward of `rows` new tokens at context 100 (all rows' logits): the
+/// median of 15 after 3 unmeasured.
+fn forward_ms(weights: &Arc<LlamaWeights>, rows: usize) -> Result<f64> {
     let mut model = Llama::new(weights.clone())?;
     model.forward(&(0..100).collect::<Vec<u32>>(), 0)?;
-    let mut time = |rows: usize| -> Result<f64> {
-        let toks: Vec<u32> = (200..200 + rows as u32).collect();
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let start = Instant::now();
-            for _ in 0..10 {
-                model.forward(&toks, rows)?;
-                model.truncate(100)?;
-            }
-            best = best.min(start.elapsed().as_secs_f64());
+    let toks: Vec<u32> = (200..200 + rows as u32).collect();
+    let mut times = Vec::new();
+    for i in 0..18 {
+        let start = Instant::now();
+        model.forward(&toks, rows)?;
+        model.truncate(100)?;
+        if i >= 3 {
+            times.push(start.elapsed().as_secs_f64() * 1000.0);
         }
-        Ok(best)
-    };
-    time(1)?; // warm-up
-    Ok(time(5)? / time(1)?)
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 fn sum(stats: &[Stats]) -> Stats {

@@ -29,14 +29,38 @@
 //! # Ok::<(), specdec::Error>(())
 //! ```
 //!
+//! ## Real models
+//! ```no_run
+//! use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, WeightFormat};
+//!
+//! // A GGUF file, an HF folder (config.json, tokenizer.json, *.safetensors) or a hub id.
+//! let files = ModelFiles::resolve("models-cache/SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let device = specdec::device("cpu")?;
+//! let (target, tokenizer) = files.load(WeightFormat::F32, &device)?;
+//! // The draft: the file's own quantized weights (or "ngram", "layerskip:12", "quant:q8_0").
+//! let drafter = Drafter::build(&"model".parse::<DrafterSpec>()?, &files, &target, &tokenizer, &device)?;
+//! let mut decoder = SpeculativeDecoder::builder(drafter, Llama::new(target)?)
+//!     .k_policy("auto".parse()?)
+//!     .sampling(SamplingConfig::new(0.8)?.with_seed(7))
+//!     .stop_tokens(tokenizer.end_of_turn_ids())
+//!     .build()?;
+//! let prompt = tokenizer.encode(&tokenizer.chat_prompt("Tell me about the sea."))?;
+//! let out = decoder.generate_with(&prompt, |new| print!("{}", tokenizer.decode(new).unwrap_or_default()))?;
+//! # Ok::<(), specdec::Error>(())
+//! ```
+//!
 //! ## Where things are
 //! - [`kernel`]: the accept/reject rule on probability rows (pure, RNG passed in).
 //! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
-//! - [`draft`]: drafters without a model: [`NGramDraft`] (prompt lookup).
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
+//! - [`draft`]: [`Drafter`] (chosen at run time) and [`NGramDraft`] (prompt lookup).
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
+//! - [`models`]: the llama-family model, [`Llama`], on two engines: [`native`] (our own CPU
+//!   kernels: small-M f32 and quantized products, a thread team) and candle (any device).
+//! - [`loading`], [`tokenizer`]: GGUF, safetensors folders, the hub cache; tokenizers.
+//! - [`tools`]: tool-call speculation for agent loops.
 //! - [`toy`]: Markov-chain models for tests and simulation.
 
 pub mod adaptive;

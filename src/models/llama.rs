@@ -73,6 +73,14 @@ impl LlamaWeights {
         &self.config
     }
 
+    /// Bytes of weights one token's forward pass reads (native engine; `None` for candle's).
+    pub fn bytes_per_token(&self) -> Option<usize> {
+        match &self.weights {
+            Weights::Native(w) => Some(w.matrix_bytes()),
+            Weights::Candle(_) => None,
+        }
+    }
+
     /// The engine that computes the forward pass.
     pub fn engine(&self) -> Engine {
         match self.weights {

@@ -81,6 +81,14 @@ impl Matrix {
         }
     }
 
+    /// Bytes held.
+    fn size_bytes(&self) -> usize {
+        match self {
+            Self::F32(p) => p.size_bytes(),
+            Self::Quant(q) => q.size_bytes(),
+        }
+    }
+
     /// Row `r` as f32 values (an embedding lookup).
     fn row_into(&self, r: usize, out: &mut Vec<f32>) {
         match self {
@@ -171,6 +179,13 @@ impl NativeWeights {
         let lm_head = if source.has("output.weight") { Some(Matrix::load(source, &[("output.weight", c.vocab_size)], h, format)?) } else { None };
         let angles = rope_angles(c);
         Ok(Self { embed, blocks, norm, lm_head, cos: angles.iter().map(|a| a.cos()).collect(), sin: angles.iter().map(|a| a.sin()).collect() })
+    }
+
+    /// Bytes of the matrices, which one token's forward pass streams (the embedding is read
+    /// one row at a time, so it counts only when it is also the output head).
+    pub fn matrix_bytes(&self) -> usize {
+        let blocks: usize = self.blocks.iter().map(|b| b.qkv.size_bytes() + b.o.size_bytes() + b.gate_up.size_bytes() + b.down.size_bytes()).sum();
+        blocks + self.lm_head.as_ref().unwrap_or(&self.embed).size_bytes()
     }
 
     /// Runs `tokens` at position `pos` through the blocks in `layers`, appending to `cache`,

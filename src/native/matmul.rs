@@ -108,6 +108,11 @@ impl Packed {
         self.cols
     }
 
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
     /// Appends row `r` to `out`.
     pub fn row_into(&self, r: usize, out: &mut Vec<f32>) {
         out.extend((0..self.cols).map(|c| self.data[Self::index(self.rows, self.stride, r, c)]));
@@ -204,10 +209,11 @@ mod x86 {
         let chunks = k.div_ceil(LANES);
         for c in 0..chunks {
             let base = w.add(c * R * LANES);
-            // Fetch well ahead of use: the next tiles are farther than the prefetcher looks.
-            _mm_prefetch::<_MM_HINT_T0>(base.add(48 * R * LANES) as *const i8);
             let mut wv = [_mm512_setzero_ps(); R];
             for (i, v) in wv.iter_mut().enumerate() {
+                // Fetch the same lines of the next tile, so that memory streams it while this
+                // one is computed (a whole tile ahead is farther than the prefetcher looks).
+                _mm_prefetch::<_MM_HINT_T0>(base.add(chunks * R * LANES + i * LANES) as *const i8);
                 *v = _mm512_loadu_ps(base.add(i * LANES));
             }
             let left = k - c * LANES;
