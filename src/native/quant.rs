@@ -412,8 +412,10 @@ mod x86 {
             while p + 1 < chunks {
                 let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
                 for i in 0..R {
-                    // The rows are short streams the prefetcher misses: fetch the next tile's.
-                    _mm_prefetch::<_MM_HINT_T0>(qs.add((R + i) * row_bytes + p * 32) as *const i8);
+                    // The rows are short streams the prefetcher misses: fetch the same bytes two
+                    // tiles ahead into L2 (measured best: one tile ahead into L1 fills the miss
+                    // slots and is 20-40 % slower for one activation row).
+                    _mm_prefetch::<_MM_HINT_T1>(qs.add((2 * R + i) * row_bytes + p * 32) as *const i8);
                     let v = _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _);
                     lo[i] = _mm512_and_si512(v, low);
                     hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
@@ -436,7 +438,7 @@ mod x86 {
             for p in 0..chunks {
                 let mut codes = [_mm512_setzero_si512(); R];
                 for (i, c) in codes.iter_mut().enumerate() {
-                    _mm_prefetch::<_MM_HINT_T0>(qs.add((R + i) * row_bytes + p * CHUNK) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(qs.add((2 * R + i) * row_bytes + p * CHUNK) as *const i8);
                     *c = _mm512_loadu_si512(qs.add(i * row_bytes + p * CHUNK) as *const _);
                 }
                 step(p, &codes);
