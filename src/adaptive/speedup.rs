@@ -21,8 +21,14 @@ pub fn expected_speedup(k: usize, alpha: f64, draft_secs: f64, verify_secs: &[f6
 /// The k in `0..verify_secs.len()` with the highest [`expected_speedup`]; the smaller on ties.
 pub fn best_k(alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> usize {
     let speedups = (0..verify_secs.len()).map(|k| (k, expected_speedup(k, alpha, draft_secs, verify_secs)));
-    speedups.fold((0, f64::NEG_INFINITY), |best, (k, s)| if s > best.1 { (k, s) } else { best }).0
+    let (k, s) = speedups.fold((0, f64::NEG_INFINITY), |best, (k, s)| if s > best.1 { (k, s) } else { best });
+    // Speculate only for a clear gain: the estimates are noisy, and a marginal call that
+    // loses a little every round is what makes users find speculation slower than plain.
+    if s < MIN_GAIN * expected_speedup(0, alpha, draft_secs, verify_secs) { 0 } else { k }
 }
+
+/// The expected speedup over plain decoding below which [`best_k`] stays plain.
+pub const MIN_GAIN: f64 = 1.03;
 
 /// T(m) for every m = 1..=observed.len(), from the times observed for some of them
 /// (`observed[m − 1]`). A timed m keeps its time; the others come from the least-squares line
