@@ -11,49 +11,83 @@ pub struct Shape {
     pub head_dim: usize,
 }
 
+/// Positions per key block.
+pub const BLOCK: usize = 16;
+
+/// Writes the key of position `pos` into `blocks`, the keys of one head stored in blocks of
+/// 16 positions, transposed: block b holds, for each component d, the keys of positions
+/// 16b..16b+16 side by side. Sixteen scores are then 16-lane multiply-adds over d, with no
+/// horizontal sums.
+pub fn store_key(blocks: &mut Vec<f32>, hd: usize, pos: usize, key: &[f32]) {
+    let (block, lane) = (pos / BLOCK, pos % BLOCK);
+    let end = (block + 1) * hd * BLOCK;
+    if blocks.len() < end {
+        blocks.resize(end, 0.0);
+    }
+    for (d, &x) in key.iter().enumerate() {
+        blocks[block * hd * BLOCK + d * BLOCK + lane] = x;
+    }
+}
+
 multiversion! {
-    /// Attention for query head `h` of a new row that sees the first `visible` cached
-    /// positions: softmax of `q · k_t / sqrt(hd)`, times the values. `scores` is scratch space.
+    /// Attention for query head `h` of a new row that sees the first `visible` positions:
+    /// softmax of `q · k_t / sqrt(hd)`, times the values. `keys` are the blocks of this head's
+    /// key/value head (see [`store_key`]); `scores` is scratch space.
     pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
         let hd = s.head_dim;
         let kvh = h / (s.heads / s.kv_heads);
         let stride = s.kv_heads * hd;
         let scale = 1.0 / (hd as f32).sqrt();
+        let blocks = visible.div_ceil(BLOCK);
         scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for t in 0..visible {
-            let d = dot(q, &keys[t * stride + kvh * hd..][..hd]) * scale;
-            max = max.max(d);
-            scores.push(d);
+        for b in 0..blocks {
+            let block = &keys[b * hd * BLOCK..(b + 1) * hd * BLOCK];
+            let mut acc = [0f32; BLOCK];
+            for (d, &qd) in q.iter().enumerate() {
+                let k = &block[d * BLOCK..(d + 1) * BLOCK];
+                for l in 0..BLOCK {
+                    acc[l] = qd.mul_add(k[l], acc[l]);
+                }
+            }
+            scores.extend(acc.iter().map(|a| a * scale));
         }
+        scores.truncate(visible);
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut total = 0.0;
         for sc in scores.iter_mut() {
             *sc = exp(*sc - max);
             total += *sc;
         }
-        out.iter_mut().for_each(|o| *o = 0.0);
-        let inv = 1.0 / total;
-        for (t, &p) in scores.iter().enumerate() {
-            let w = p * inv;
-            for (o, &x) in out.iter_mut().zip(&values[t * stride + kvh * hd..][..hd]) {
-                *o = w.mul_add(x, *o);
+        let (inv, offset) = (1.0 / total, kvh * hd);
+        match hd {
+            64 => weighted_sum::<64>(scores, inv, values, stride, offset, out),
+            128 => weighted_sum::<128>(scores, inv, values, stride, offset, out),
+            _ => {
+                out.iter_mut().for_each(|o| *o = 0.0);
+                for (t, &p) in scores.iter().enumerate() {
+                    for (o, &x) in out.iter_mut().zip(&values[t * stride + offset..][..hd]) {
+                        *o = (p * inv).mul_add(x, *o);
+                    }
+                }
             }
         }
     }
 }
 
+/// `out = inv · Σ_t p[t] · v_t` for a head width known at compile time, so the sums stay in
+/// registers (through memory, each position's update would wait for the previous store).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut ca = a.chunks_exact(16);
-    let mut cb = b.chunks_exact(16);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..16 {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
+fn weighted_sum<const D: usize>(p: &[f32], inv: f32, values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+    let mut acc = [0f32; D];
+    for (t, &w) in p.iter().enumerate() {
+        let v = &values[t * stride + offset..][..D];
+        for d in 0..D {
+            acc[d] = w.mul_add(v[d], acc[d]);
         }
     }
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a * inv;
+    }
 }
 
 /// e^x to about 2e-7 relative error, in plain arithmetic that vectorizes (the libm call

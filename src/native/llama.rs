@@ -213,16 +213,22 @@ impl NativeWeights {
             b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
             // Split q|k|v rows, rotate q and k, append k and v to the cache.
             s.q.clear();
+            s.k.clear();
             let kv = &mut cache.layers[slot];
-            kv.keys.truncate(pos * kv_out);
             kv.values.truncate(pos * kv_out);
             for row in s.qkv.chunks_exact(q_out + 2 * kv_out) {
                 s.q.extend_from_slice(&row[..q_out]);
-                kv.keys.extend_from_slice(&row[q_out..q_out + kv_out]);
+                s.k.extend_from_slice(&row[q_out..q_out + kv_out]);
                 kv.values.extend_from_slice(&row[q_out + kv_out..]);
             }
             attention::rope(&mut s.q, c.num_heads, hd, cos, sin);
-            attention::rope(&mut kv.keys[pos * kv_out..], c.num_kv_heads, hd, cos, sin);
+            attention::rope(&mut s.k, c.num_kv_heads, hd, cos, sin);
+            kv.keys.resize_with(c.num_kv_heads, Default::default);
+            for (h, blocks) in kv.keys.iter_mut().enumerate() {
+                for (i, row) in s.k.chunks_exact(kv_out).enumerate() {
+                    attention::store_key(blocks, hd, pos + i, &row[h * hd..(h + 1) * hd]);
+                }
+            }
             attend(shape, &s.q, &kv.keys, &kv.values, pos, n, &mut s.att);
             b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
             s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
@@ -247,7 +253,7 @@ impl NativeWeights {
 
 /// Attention of `n` new rows at `pos` over the cache, the (row, head) pairs shared out over
 /// the thread team; `out` is resized to n × heads·hd.
-fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], pos: usize, n: usize, out: &mut Vec<f32>) {
+fn attend(s: Shape, q: &[f32], keys: &[Vec<f32>], values: &[f32], pos: usize, n: usize, out: &mut Vec<f32>) {
     let hd = s.head_dim;
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);
@@ -258,15 +264,17 @@ fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], pos: usize, n: usiz
             let qv = &q[(i * s.heads + h) * hd..][..hd];
             // SAFETY: each (row, head) item owns its own hd-wide slot of `out`.
             let slot = unsafe { dst.slice(item * hd, hd) };
-            attention::head(s, qv, keys, values, pos + i + 1, h, &mut scores, slot);
+            let kv_head = h / (s.heads / s.kv_heads);
+            attention::head(s, qv, &keys[kv_head], values, pos + i + 1, h, &mut scores, slot);
         }
     });
 }
 
 #[derive(Debug, Default)]
 struct LayerCache {
+    /// Per key/value head, keys in blocks of 16 positions (see `attention::store_key`).
+    keys: Vec<Vec<f32>>,
     /// `[pos][kv_head][head_dim]`
-    keys: Vec<f32>,
     values: Vec<f32>,
 }
 
@@ -276,6 +284,7 @@ struct Scratch {
     xb: Vec<f32>,
     qkv: Vec<f32>,
     q: Vec<f32>,
+    k: Vec<f32>,
     att: Vec<f32>,
     tmp: Vec<f32>,
     gu: Vec<f32>,
