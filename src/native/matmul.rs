@@ -10,10 +10,11 @@
 
 use std::ops::Range;
 
-/// Activation rows processed together against one tile of weight rows: up to six, so that a
-/// verification of k + 1 <= 6 positions reads each tile once (24 accumulators + 4 weights +
-/// 1 activation fit the 32 AVX-512 registers).
-const ROWS: usize = 6;
+/// Activation rows processed together against one tile of weight rows. Four keep the 16
+/// accumulators in registers; six (24 accumulators) made LLVM spill them to the stack, which
+/// cost more than the second pass over the tile (from L1) that groups of four need for 5..8
+/// rows.
+const ROWS: usize = 4;
 /// Weight rows per tile.
 const TILE: usize = 4;
 /// Values per interleaved slice.
@@ -196,14 +197,10 @@ mod x86 {
             (2, TILE) => tile512::<2, TILE>(xp, wp, k, op, n),
             (3, TILE) => tile512::<3, TILE>(xp, wp, k, op, n),
             (4, TILE) => tile512::<4, TILE>(xp, wp, k, op, n),
-            (5, TILE) => tile512::<5, TILE>(xp, wp, k, op, n),
-            (6, TILE) => tile512::<6, TILE>(xp, wp, k, op, n),
             (1, _) => tile512::<1, 1>(xp, wp, k, op, n),
             (2, _) => tile512::<2, 1>(xp, wp, k, op, n),
             (3, _) => tile512::<3, 1>(xp, wp, k, op, n),
-            (4, _) => tile512::<4, 1>(xp, wp, k, op, n),
-            (5, _) => tile512::<5, 1>(xp, wp, k, op, n),
-            _ => tile512::<6, 1>(xp, wp, k, op, n),
+            _ => tile512::<4, 1>(xp, wp, k, op, n),
         });
     }
 
