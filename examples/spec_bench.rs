@@ -24,7 +24,7 @@ struct Args {
     #[arg(long, default_value = "model,quant:q8_0,quant:q4_0,ngram")]
     drafters: String,
     /// Values of k, comma-separated: N, auto, grow.
-    #[arg(long, default_value = "2,3,4,5,6,auto")]
+    #[arg(long, default_value = "2,4,6,auto")]
     ks: String,
     /// Temperatures, comma-separated.
     #[arg(long, default_value = "0,0.8")]
@@ -64,10 +64,19 @@ const PROMPTS: [&str; 4] = [
 ];
 
 /// Per prompt: statistics, tokens per second and the tokens.
+#[derive(Default)]
 struct Run {
     stats: Vec<Stats>,
     tok_s: Vec<f64>,
     tokens: Vec<Vec<u32>>,
+}
+
+impl Run {
+    fn push(&mut self, out: Generation) {
+        self.tok_s.push(out.stats.tokens_per_sec());
+        self.stats.push(out.stats);
+        self.tokens.push(out.tokens);
+    }
 }
 
 fn main() -> Result<()> {
@@ -97,14 +106,28 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     for temp in parse_list::<f32>(&args.temperatures)? {
         let sampling = SamplingConfig::new(temp)?.with_seed(args.seed);
-        let plain = run_plain(&target, &prompts, &sampling, &args, &stop)?;
+        let mut plain_dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).max_new_tokens(args.max_new_tokens).stop_tokens(stop.clone());
+        plain_dec.generate(&prompts[0])?; // warm-up: page in the weights, start the threads
         let rss_plain = rss_mb();
         for spec in args.drafters.split(',').map(str::parse::<DrafterSpec>) {
             let spec = spec?;
             for k in args.ks.split(',').map(str::parse::<KPolicy>) {
                 let k = k?;
                 let drafter = Drafter::build(&spec, &files, &target, &tok, &device)?;
-                let run = run_spec(drafter, &target, &prompts, &sampling, k, &args, &stop)?;
+                let mut dec = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
+                    .k_policy(k)
+                    .sampling(sampling.clone())
+                    .max_new_tokens(args.max_new_tokens)
+                    .stop_tokens(stop.clone())
+                    .build()?;
+                dec.generate(&prompts[0])?;
+                // Plain and speculative alternate prompt by prompt, so that the machine's
+                // drifting speed affects both sides of each ratio alike.
+                let (mut plain, mut run) = (Run::default(), Run::default());
+                for p in &prompts {
+                    plain.push(plain_dec.generate(p)?);
+                    run.push(dec.generate(p)?);
+                }
                 let rss_spec = rss_mb();
                 let speedups: Vec<f64> = run.tok_s.iter().zip(&plain.tok_s).map(|(s, p)| s / p).collect();
                 let total = sum(&run.stats);
@@ -188,34 +211,6 @@ fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
         None => PROMPTS.iter().map(|s| s.to_string()).collect(),
     };
     texts.iter().map(|t| Ok(tok.encode(&if args.chat { tok.chat_prompt(t) } else { t.clone() })?)).collect()
-}
-
-fn run_plain(target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], sampling: &SamplingConfig, args: &Args, stop: &[u32]) -> Result<Run> {
-    let mut dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).max_new_tokens(args.max_new_tokens).stop_tokens(stop.to_vec());
-    run_prompts(prompts, |p| dec.generate(p))
-}
-
-fn run_spec(drafter: Drafter, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], sampling: &SamplingConfig, k: KPolicy, args: &Args, stop: &[u32]) -> Result<Run> {
-    let mut dec = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
-        .k_policy(k)
-        .sampling(sampling.clone())
-        .max_new_tokens(args.max_new_tokens)
-        .stop_tokens(stop.to_vec())
-        .build()?;
-    run_prompts(prompts, |p| dec.generate(p))
-}
-
-/// One warm-up generation (pages in the weights, starts the threads), then one per prompt.
-fn run_prompts(prompts: &[Vec<u32>], mut generate: impl FnMut(&[u32]) -> specdec::Result<Generation>) -> Result<Run> {
-    generate(&prompts[0])?;
-    let mut run = Run { stats: Vec::new(), tok_s: Vec::new(), tokens: Vec::new() };
-    for p in prompts {
-        let out = generate(p)?;
-        run.tok_s.push(out.stats.tokens_per_sec());
-        run.stats.push(out.stats);
-        run.tokens.push(out.tokens);
-    }
-    Ok(run)
 }
 
 /// T(5-token forward) / T(1-token forward) at context 100, all logits rows.
