@@ -49,7 +49,7 @@ struct Args {
     device: String,
     /// Weight formats to compare with the f32 target over the prompts' positions (mean
     /// |Δlogit|, argmax agreement, 1-token and 5-token forward times), comma-separated.
-    #[arg(long, default_value = "stored,q8_0,q4_0,q4_1,q4k")]
+    #[arg(long, default_value = "f32,stored,q8_0,q4_0,q4_1,q4k")]
     formats: String,
     /// End with one JSON line.
     #[arg(long)]
@@ -109,7 +109,7 @@ fn main() -> Result<()> {
         let mut plain_dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).max_new_tokens(args.max_new_tokens).stop_tokens(stop.clone());
         plain_dec.generate(&prompts[0])?; // warm-up: page in the weights, start the threads
         let rss_plain = rss_mb();
-        for spec in args.drafters.split(',').map(str::parse::<DrafterSpec>) {
+        for spec in args.drafters.split(',').filter(|s| !s.is_empty()).map(str::parse::<DrafterSpec>) {
             let spec = spec?;
             for k in args.ks.split(',').map(str::parse::<KPolicy>) {
                 let k = k?;
@@ -181,7 +181,7 @@ fn main() -> Result<()> {
 /// For each weight format: how far its logits are from the f32 target's along the prompts, how
 /// often its argmax agrees, and its forward times for 1 and 5 rows.
 fn format_errors(args: &Args, files: &ModelFiles, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], device: &candle_core::Device) -> Result<()> {
-    println!("{:<8} {:>8} {:>10} {:>9} {:>9} {:>6}", "format", "MB/token", "mean|dl|", "argmax=", "1-row ms", "v(5)");
+    println!("{:<8} {:>8} {:>10} {:>9} {:>9} {:>6} {:>9}", "format", "MB/token", "mean|dl|", "argmax=", "1-row ms", "v(5)", "tg128/s");
     let reference: Vec<Logits> = prompts.iter().map(|p| Ok(Llama::new(target.clone())?.forward(p, p.len())?)).collect::<Result<_>>()?;
     for f in args.formats.split(',') {
         let (w, _) = files.load(f.parse()?, device)?;
@@ -196,7 +196,11 @@ fn format_errors(args: &Args, files: &ModelFiles, target: &Arc<LlamaWeights>, pr
         }
         let one = forward_ms(&w, 1)?;
         let mb = w.bytes_per_token().map_or(0.0, |b| b as f64 / 1e6);
-        println!("{f:<8} {mb:>8.0} {:>10.4} {:>9.3} {:>9.2} {:>6.2}", diff / n as f64, same as f64 / n as f64, one, forward_ms(&w, 5)? / one);
+        // Plain decoding of 128 tokens from one token, as llama-bench's tg128 measures it.
+        let mut plain = PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(128);
+        plain.generate(&[prompts[0][0]])?;
+        let tg = (0..3).map(|_| Ok(plain.generate(&[prompts[0][0]])?.stats.tokens_per_sec())).collect::<Result<Vec<f64>>>()?;
+        println!("{f:<8} {mb:>8.0} {:>10.4} {:>9.3} {:>9.2} {:>6.2} {:>9.1}", diff / n as f64, same as f64 / n as f64, one, forward_ms(&w, 5)? / one, mean(&tg));
     }
     Ok(())
 }

@@ -66,25 +66,44 @@ pub struct Verdict {
 /// A token the target gives zero probability is never accepted; a token with `q(t) = 0` (which a
 /// correct drafter cannot produce) is accepted iff `p(t) > 0`.
 pub fn accept_probability(p: &[f32], q: DraftRow, token: u32) -> f64 {
-    let t = token as usize;
-    let p_t = p[t] as f64 / row_total(p);
-    let q_t = q.prob(t, t, q.total());
-    if q_t <= 0.0 {
-        return if p_t > 0.0 { 1.0 } else { 0.0 };
-    }
-    (p_t / q_t).min(1.0)
+    Totals::of(p, q).accept(p, q, token as usize)
 }
 
 /// The residual weights `max(0, p - q)` (not normalized), with both rows normalized first.
 /// When they sum to zero (p and q agree), the target row `p` itself is the fallback.
 pub fn residual_weights(p: &[f32], q: DraftRow, token: u32) -> Vec<f64> {
-    let (p_total, q_total) = (row_total(p), q.total());
-    let weights: Vec<f64> =
-        (0..p.len()).map(|i| (p[i] as f64 / p_total - q.prob(i, token as usize, q_total)).max(0.0)).collect();
+    let totals = Totals::of(p, q);
+    let weights: Vec<f64> = (0..p.len()).map(|i| totals.residual(p, q, i, token as usize)).collect();
     if weights.iter().sum::<f64>() > 0.0 {
         weights
     } else {
-        p.iter().map(|&x| x as f64 / p_total).collect()
+        p.iter().map(|&x| x as f64 / totals.p).collect()
+    }
+}
+
+/// The sums that normalize a pair of rows, computed once per judged position.
+#[derive(Clone, Copy)]
+struct Totals {
+    p: f64,
+    q: f64,
+}
+
+impl Totals {
+    fn of(p: &[f32], q: DraftRow) -> Self {
+        Self { p: row_total(p), q: q.total() }
+    }
+
+    fn accept(&self, p: &[f32], q: DraftRow, t: usize) -> f64 {
+        let p_t = p[t] as f64 / self.p;
+        let q_t = q.prob(t, t, self.q);
+        if q_t <= 0.0 {
+            return if p_t > 0.0 { 1.0 } else { 0.0 };
+        }
+        (p_t / q_t).min(1.0)
+    }
+
+    fn residual(&self, p: &[f32], q: DraftRow, i: usize, token: usize) -> f64 {
+        (p[i] as f64 / self.p - q.prob(i, token, self.q)).max(0.0)
     }
 }
 
@@ -95,12 +114,16 @@ pub fn residual_weights(p: &[f32], q: DraftRow, token: u32) -> Vec<f64> {
 /// [`Error::EmptyDistribution`] when `p` has no mass.
 pub fn judge<R: Rng + ?Sized>(p: &[f32], q: DraftRow, token: u32, rng: &mut R) -> Result<Judgement> {
     check_rows(p, q, token)?;
-    if rng.random::<f64>() < accept_probability(p, q, token) {
+    let (totals, t) = (Totals::of(p, q), token as usize);
+    if rng.random::<f64>() < totals.accept(p, q, t) {
         return Ok(Judgement::Accept);
     }
-    let weights = residual_weights(p, q, token);
-    let total = weights.iter().sum();
-    Ok(Judgement::Reject(sample_weighted(weights.into_iter(), total, rng)))
+    // Draw from the residual in two passes over the rows, without materializing it.
+    let mass: f64 = (0..p.len()).map(|i| totals.residual(p, q, i, t)).sum();
+    if mass > 0.0 {
+        return Ok(Judgement::Reject(sample_weighted((0..p.len()).map(|i| totals.residual(p, q, i, t)), mass, rng)));
+    }
+    Ok(Judgement::Reject(sample_weighted(p.iter().map(|&x| x as f64), totals.p, rng)))
 }
 
 /// Verifies `drafted` (sampled from the rows `q`) against the target's rows.
@@ -159,7 +182,7 @@ where
 }
 
 fn row_total(p: &[f32]) -> f64 {
-    p.iter().map(|&x| x as f64).sum()
+    crate::math::sum(p)
 }
 
 fn check_rows(p: &[f32], q: DraftRow, token: u32) -> Result<()> {

@@ -63,6 +63,9 @@
 //! - [`tools`]: tool-call speculation for agent loops.
 //! - [`toy`]: Markov-chain models for tests and simulation.
 
+#[macro_use]
+pub mod math;
+
 pub mod adaptive;
 pub mod decoder;
 pub mod draft;

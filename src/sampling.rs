@@ -127,28 +127,53 @@ impl SamplingConfig {
             out[best as usize] = 1.0;
             return Ok(());
         }
-        let inv_t = 1.0 / self.temperature;
-        let mut max = f32::NEG_INFINITY;
-        for (i, &x) in logits.iter().enumerate() {
-            check_logit(i, x)?;
-            max = max.max(x * inv_t);
-        }
+        let max = max_logit(logits)?;
         if max == f32::NEG_INFINITY {
             return Err(Error::EmptyDistribution);
         }
+        out.resize(logits.len(), 0.0);
+        // Temperature scaling is monotone, so the top-k cut can be taken on the raw logits.
         let cutoff = match self.top_k {
             Some(k) if k < logits.len() => Some(kth_largest(logits, k)),
             _ => None,
         };
-        out.extend(logits.iter().enumerate().map(|(i, &x)| {
-            let kept = cutoff.is_none_or(|c| ranks_above(x, i, c));
-            if kept { (x * inv_t - max).exp() } else { 0.0 }
-        }));
+        exp_scaled(logits, 1.0 / self.temperature, max, out);
+        if let Some(c) = cutoff {
+            for (i, (w, &x)) in out.iter_mut().zip(logits).enumerate() {
+                if !ranks_above(x, i, c) {
+                    *w = 0.0;
+                }
+            }
+        }
         if let Some(p) = self.top_p {
             keep_nucleus(out, p as f64);
         }
         normalize(out)
     }
+}
+
+multiversion! {
+    /// `out[i] = e^((x_i − max)/T)`, 0 for masked (`-inf`) tokens; the largest weight is 1.
+    fn exp_scaled(logits: &[f32], inv_t: f32, max: f32, out: &mut [f32]) {
+        for (w, &x) in out.iter_mut().zip(logits) {
+            *w = if x == f32::NEG_INFINITY { 0.0 } else { crate::math::exp((x - max) * inv_t) };
+        }
+    }
+}
+
+/// The largest logit, or the first NaN / `+inf` as an error.
+fn max_logit(logits: &[f32]) -> Result<f32> {
+    let (mut max, mut bad) = (f32::NEG_INFINITY, false);
+    for &x in logits {
+        bad |= x.is_nan() || x == f32::INFINITY;
+        max = max.max(x);
+    }
+    if bad {
+        for (i, &x) in logits.iter().enumerate() {
+            check_logit(i, x)?;
+        }
+    }
+    Ok(max)
 }
 
 /// Rejects NaN and `+inf`; `-inf` is a masked token.
@@ -164,14 +189,12 @@ fn check_logit(index: usize, value: f32) -> Result<()> {
 /// # Errors
 /// [`Error::NonFiniteLogits`] for NaN or `+inf`; [`Error::EmptyDistribution`] for an empty or all `-inf` row.
 pub fn argmax(logits: &[f32]) -> Result<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &x) in logits.iter().enumerate() {
-        check_logit(i, x)?;
-        if x > f32::NEG_INFINITY && best.is_none_or(|(_, b)| x > b) {
-            best = Some((i, x));
-        }
+    // Two vectorizable passes (the maximum, then its first position) beat one branchy pass.
+    let max = max_logit(logits)?;
+    if max == f32::NEG_INFINITY {
+        return Err(Error::EmptyDistribution);
     }
-    best.map(|(i, _)| i as u32).ok_or(Error::EmptyDistribution)
+    logits.iter().position(|&x| x == max).map(|i| i as u32).ok_or(Error::EmptyDistribution)
 }
 
 /// Draws an index with probability proportional to `probs` (sums in f64; need not be normalized).
@@ -179,11 +202,16 @@ pub fn argmax(logits: &[f32]) -> Result<u32> {
 /// # Errors
 /// [`Error::EmptyDistribution`] when the row has no positive, finite mass.
 pub fn sample<R: Rng + ?Sized>(probs: &[f32], rng: &mut R) -> Result<u32> {
-    let total: f64 = probs.iter().map(|&x| x as f64).sum();
+    // Sums of blocks (vectorized) find the block that holds the draw; only it is walked.
+    const BLOCK: usize = 1024;
+    let sums: Vec<f64> = probs.chunks(BLOCK).map(crate::math::sum).collect();
+    let total: f64 = sums.iter().sum();
     if !(total > 0.0 && total.is_finite()) {
         return Err(Error::EmptyDistribution);
     }
-    Ok(sample_weighted(probs.iter().map(|&x| x as f64), total, rng))
+    let b = sample_weighted(sums.iter().copied(), total, rng) as usize;
+    let block = &probs[b * BLOCK..((b + 1) * BLOCK).min(probs.len())];
+    Ok((b * BLOCK) as u32 + sample_weighted(block.iter().map(|&x| x as f64), sums[b], rng))
 }
 
 /// Inverse-CDF draw from non-negative `weights` summing to `total`. Falls back to the last
@@ -222,23 +250,33 @@ fn kth_largest(logits: &[f32], k: usize) -> (f32, usize) {
 
 /// Zeroes every token outside the smallest top set whose mass reaches `top_p` of the total.
 fn keep_nucleus(weights: &mut [f32], top_p: f64) {
-    let total: f64 = weights.iter().map(|&w| w as f64).sum();
-    // Tokens below `floor` hold less than (1 - top_p) of the mass together, so the nucleus lies
-    // among the tokens at or above it: only those need sorting.
-    let floor = ((1.0 - top_p) * total / (2.0 * weights.len() as f64)) as f32;
-    let mut candidates: Vec<(f32, usize)> =
-        weights.iter().copied().zip(0..).filter(|&(w, _)| w > 0.0 && w >= floor).collect();
+    // The nucleus is a prefix of the tokens ranked by weight. Bucket the weights by their binary
+    // exponent (a positive f32 orders like its bits), add up the buckets from the top to find
+    // the one where the prefix reaches `top_p`, and sort only that bucket's tokens.
+    let bucket = |w: f32| (w.to_bits() >> 23) as usize;
+    let mut mass = [0f64; 256];
+    for &w in weights.iter().filter(|&&w| w > 0.0) {
+        mass[bucket(w)] += w as f64;
+    }
+    let target = top_p * mass.iter().sum::<f64>();
+    let (mut above, mut edge) = (0.0, 0);
+    for b in (0..256).rev() {
+        if above + mass[b] >= target {
+            edge = b;
+            break;
+        }
+        above += mass[b];
+    }
+    let mut candidates: Vec<(f32, usize)> = weights.iter().copied().zip(0..).filter(|&(w, _)| w > 0.0 && bucket(w) == edge).collect();
     candidates.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut acc = 0.0;
-    let mut keep = candidates.len();
-    for (n, &(w, _)) in candidates.iter().enumerate() {
-        acc += w as f64;
-        if acc >= top_p * total {
-            keep = n + 1;
+    let mut last = candidates.last().copied();
+    for &(w, i) in &candidates {
+        above += w as f64;
+        if above >= target {
+            last = Some((w, i));
             break;
         }
     }
-    let last = candidates.get(keep.saturating_sub(1)).copied();
     for (i, w) in weights.iter_mut().enumerate() {
         if last.is_some_and(|c| !ranks_above(*w, i, c)) {
             *w = 0.0;
@@ -248,7 +286,7 @@ fn keep_nucleus(weights: &mut [f32], top_p: f64) {
 
 /// Scales `weights` to sum to one.
 fn normalize(weights: &mut [f32]) -> Result<()> {
-    let total: f64 = weights.iter().map(|&w| w as f64).sum();
+    let total = crate::math::sum(weights);
     if !(total > 0.0 && total.is_finite()) {
         return Err(Error::EmptyDistribution);
     }

@@ -55,7 +55,7 @@ multiversion! {
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut total = 0.0;
         for sc in scores.iter_mut() {
-            *sc = exp(*sc - max);
+            *sc = crate::math::exp(*sc - max);
             total += *sc;
         }
         let (inv, offset) = (1.0 / total, kvh * hd);
@@ -88,25 +88,6 @@ fn weighted_sum<const D: usize>(p: &[f32], inv: f32, values: &[f32], stride: usi
     for (o, a) in out.iter_mut().zip(acc) {
         *o = a * inv;
     }
-}
-
-/// e^x to about 2e-7 relative error, in plain arithmetic that vectorizes (the libm call
-/// does not): x = n·ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial, 2^n from the bits.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding then subtracting 1.5·2^23 rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
-    let mut p: f32 = 1.0 / 720.0;
-    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = p.mul_add(r, c);
-    }
-    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
 multiversion! {
@@ -147,22 +128,8 @@ multiversion! {
         for (row, o) in gu.chunks_exact(2 * ff).zip(out.chunks_exact_mut(ff)) {
             let (g, u) = row.split_at(ff);
             for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + exp(-g)) * u;
+                *o = g / (1.0 + crate::math::exp(-g)) * u;
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_is_accurate() {
-        for i in -8000..8000 {
-            let x = i as f32 / 100.0;
-            let (got, want) = (exp(x), (x as f64).exp());
-            assert!(((got as f64 - want) / want).abs() < 5e-7, "exp({x}) = {got}, want {want}");
         }
     }
 }
