@@ -162,7 +162,7 @@ fn report(args: &Args, target: &str, draft: &str, tok: &Tokenizer, spec: &Genera
     }
     if args.json {
         let summary = json!({
-            "target": target, "draft": draft, "k": args.k, "mean_k": s.mean_k(), "temperature": args.temperature,
+            "target": target, "draft": draft, "k": args.k.parse::<usize>().map_or_else(|_| json!(args.k), |k| json!(k)), "mean_k": s.mean_k(), "temperature": args.temperature,
             "new_tokens": s.new_tokens, "plain_tok_s": p.tokens_per_sec(), "spec_tok_s": s.tokens_per_sec(),
             "speedup": speedup, "acceptance_rate": s.acceptance_rate(), "position_acceptance": s.position_acceptance(),
             "tokens_per_target_call": s.tokens_per_target_call(), "cost_ratio": s.cost_ratio(),
