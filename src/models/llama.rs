@@ -145,7 +145,7 @@ impl Llama {
             return Err(Error::setting("layers", format!("{layers:?}"), "a non-empty list of block indices below num_layers"));
         }
         let state = match &weights.weights {
-            Weights::Native(_) => State::Native(NativeCache::new(c, layers.len())),
+            Weights::Native(_) => State::Native(NativeCache::new(layers.len())),
             Weights::Candle(w) => State::Candle(w.caches(c, layers.len())?),
         };
         Ok(Self { weights, layers, state, len: 0 })

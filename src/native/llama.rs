@@ -302,7 +302,7 @@ pub struct NativeCache {
 
 impl NativeCache {
     /// An empty cache for `layers` blocks.
-    pub fn new(_c: &LlamaConfig, layers: usize) -> Self {
+    pub fn new(layers: usize) -> Self {
         Self { layers: (0..layers).map(|_| LayerCache::default()).collect(), scratch: Scratch::default() }
     }
 }
