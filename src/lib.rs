@@ -67,6 +67,7 @@
 pub mod math;
 
 pub mod adaptive;
+pub mod cpu;
 pub mod decoder;
 pub mod draft;
 pub mod error;

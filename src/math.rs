@@ -2,8 +2,9 @@
 //! `exp`, and the `multiversion!` macro that compiles a loop for the CPU at hand.
 
 /// Defines `fn name(args)` that runs its body compiled for AVX-512 or AVX2+FMA when the CPU has
-/// them, else for the baseline. The body is inlined into copies with those features enabled, so
-/// its loops vectorize for them and `mul_add` is one instruction, not a libm call.
+/// them (and `SPECDEC_SIMD` does not ask for less: see [`crate::cpu`]), else for the baseline.
+/// The body is inlined into copies with those features enabled, so its loops vectorize for them
+/// and `mul_add` is one instruction, not a libm call.
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
@@ -20,12 +21,13 @@ macro_rules! multiversion {
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) { body($($arg),*) }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has the features.
+                let level = $crate::cpu::level();
+                if level.wide() {
+                    // SAFETY: the wide levels are chosen only when the CPU has AVX-512 F and FMA.
                     return unsafe { avx512($($arg),*) };
                 }
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                    // SAFETY: as above.
+                if level.simd() {
+                    // SAFETY: every SIMD level is chosen only when the CPU has AVX2 and FMA.
                     return unsafe { avx2($($arg),*) };
                 }
             }
