@@ -24,6 +24,10 @@ use half::f16;
 
 use crate::error::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod kernel;
 
 pub use kernel::{qmatmul, qmatmul_portable};
