@@ -123,7 +123,7 @@ impl Packed {
 }
 
 /// Columns `cols` of `y = x · wᵀ` for `m` rows of `x` (each `w.cols()` long), into `out`
-/// (m × w.rows(), row-major). `cols` must start at a multiple of 4. Threads given disjoint
+/// (m × w.rows(), row-major). `cols` must not split a 4-row tile (see `check`). Threads given disjoint
 /// `cols` may run at once on the same `out`.
 ///
 /// Panics if the sizes do not fit; callers check shapes when building a model.
@@ -131,35 +131,55 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) 
     check(x, m, w, out, &cols);
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature is present and the bounds were checked.
+        let level = crate::cpu::level();
+        if level.wide() {
+            // SAFETY: the wide levels are chosen only when the CPU has AVX-512 F and FMA; the
+            // bounds were checked.
             return unsafe { x86::matmul_avx512(x, m, w, out, cols) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: as above.
+        if level.simd() {
+            // SAFETY: every SIMD level is chosen only when the CPU has AVX2 and FMA.
             return unsafe { x86::matmul_avx2(x, m, w, out, cols) };
         }
     }
     matmul_portable(x, m, w, out, cols)
 }
 
+/// The kernels walk whole 4-row tiles up to the last full one, so a range must start at a tile
+/// and may end mid-tile only among the last `rows % 4` (untiled) rows.
 fn check(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: &Range<usize>) {
-    assert!(x.len() >= m * w.cols && out.len >= m * w.rows && cols.end <= w.rows && cols.start.is_multiple_of(TILE), "matmul sizes");
+    let full = w.rows / TILE * TILE;
+    let tiles_whole = cols.start.is_multiple_of(TILE) && (cols.end.is_multiple_of(TILE) || cols.end >= full);
+    assert!(x.len() >= m * w.cols && out.len >= m * w.rows && cols.start <= cols.end && cols.end <= w.rows && tiles_whole, "matmul sizes");
 }
 
-/// The reference kernel, also the fallback.
+/// The reference kernel, also the fallback (the kernel of CPUs without AVX2, aarch64 among
+/// them): it reads the packed tiles in order and keeps 16 partial sums per weight row, plain
+/// loops that the compiler turns into SSE2 or NEON code without reordering any sum by itself.
 pub fn matmul_portable(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
     check(x, m, w, out, &cols);
-    let k = w.cols;
-    let mut row = Vec::with_capacity(k);
-    for j in cols {
-        row.clear();
-        w.row_into(j, &mut row);
-        for r in 0..m {
-            let s: f32 = x[r * k..(r + 1) * k].iter().zip(&row).map(|(a, b)| a * b).sum();
-            // SAFETY: r < m and j < rows, inside `out` (checked above).
-            unsafe { out.write(r * w.rows + j, s) };
+    let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
+    let mut j = cols.start;
+    while j < cols.end {
+        let rows = if j < full { TILE } else { 1 };
+        let tile = &w.data[j * w.stride..(j + rows) * w.stride];
+        for (r, xr) in x.chunks_exact(k).take(m).enumerate() {
+            let mut lanes = [[0f32; LANES]; TILE];
+            for (c, xs) in xr.chunks(LANES).enumerate() {
+                let slices = tile[c * rows * LANES..(c + 1) * rows * LANES].chunks_exact(LANES);
+                for (acc, ws) in lanes.iter_mut().zip(slices) {
+                    for ((a, &wv), &xv) in acc.iter_mut().zip(ws).zip(xs) {
+                        *a += wv * xv;
+                    }
+                }
+            }
+            for (i, acc) in lanes.iter().take(rows).enumerate() {
+                // SAFETY: r < m and j + i < n, inside `out` (checked above); threads own
+                // disjoint column ranges.
+                unsafe { out.write(r * n + j + i, acc.iter().sum()) };
+            }
         }
+        j += rows;
     }
 }
 
@@ -172,16 +192,16 @@ mod x86 {
     use std::ops::Range;
 
     /// Walks the column range tile by tile (then single rows) and the activation rows in
-    /// groups of up to `ROWS`, calling `f(x, group, weights, tile rows, out)`.
+    /// groups of up to `group_rows`, calling `f(x, group, weights, tile rows, out)`.
     #[inline(always)]
-    unsafe fn drive(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>, f: impl Fn(*const f32, usize, *const f32, usize, *mut f32)) {
+    unsafe fn drive(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>, group_rows: usize, f: impl Fn(*const f32, usize, *const f32, usize, *mut f32)) {
         let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
         let mut j = cols.start;
         while j < cols.end {
             let rows = if j < full { TILE } else { 1 };
             let mut r = 0;
             while r < m {
-                let group = (m - r).min(ROWS);
+                let group = (m - r).min(group_rows);
                 f(x.as_ptr().add(r * k), group, w.data.as_ptr().add(j * w.stride), rows, out.ptr.add(r * n + j));
                 r += group;
             }
@@ -192,7 +212,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn matmul_avx512(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
         let (k, n) = (w.cols, w.rows);
-        drive(x, m, w, out, cols, |xp, group, wp, rows, op| match (group, rows) {
+        drive(x, m, w, out, cols, ROWS, |xp, group, wp, rows, op| match (group, rows) {
             (1, TILE) => tile512::<1, TILE>(xp, wp, k, op, n),
             (2, TILE) => tile512::<2, TILE>(xp, wp, k, op, n),
             (3, TILE) => tile512::<3, TILE>(xp, wp, k, op, n),
@@ -219,7 +239,7 @@ mod x86 {
                 // hardware prefetcher alone serves one row at 15-17 ms per token but leaves
                 // five rows at 30 ms; one tile ahead into L1 costs the single row 2-3 ms (the
                 // L1 miss slots fill); two tiles ahead into L2 gives 16.5 ms and 24 ms.
-                _mm_prefetch::<_MM_HINT_T1>(base.add(2 * chunks * R * LANES + i * LANES) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(2 * chunks * R * LANES + i * LANES) as *const i8);
                 *v = _mm512_loadu_ps(base.add(i * LANES));
             }
             let left = k - c * LANES;
@@ -238,22 +258,20 @@ mod x86 {
         }
     }
 
+    /// Activation rows per group of the AVX2 kernel: 3 × 4 accumulators and the 4 weight
+    /// vectors of a slice fill its 16 registers.
+    const ROWS_256: usize = 3;
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn matmul_avx2(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
         let (k, n) = (w.cols, w.rows);
-        drive(x, m, w, out, cols, |xp, group, wp, rows, op| {
-            let mut r = 0;
-            while r < group {
-                // Two activation rows at a time keep the accumulators within 16 registers.
-                let g = (group - r).min(2);
-                match (g, rows) {
-                    (2, TILE) => tile256::<2, TILE>(xp.add(r * k), wp, k, op.add(r * n), n),
-                    (_, TILE) => tile256::<1, TILE>(xp.add(r * k), wp, k, op.add(r * n), n),
-                    (2, _) => tile256::<2, 1>(xp.add(r * k), wp, k, op.add(r * n), n),
-                    _ => tile256::<1, 1>(xp.add(r * k), wp, k, op.add(r * n), n),
-                }
-                r += g;
-            }
+        drive(x, m, w, out, cols, ROWS_256, |xp, group, wp, rows, op| match (group, rows) {
+            (1, TILE) => tile256::<1, TILE>(xp, wp, k, op, n),
+            (2, TILE) => tile256::<2, TILE>(xp, wp, k, op, n),
+            (_, TILE) => tile256::<3, TILE>(xp, wp, k, op, n),
+            (1, _) => tile256::<1, 1>(xp, wp, k, op, n),
+            (2, _) => tile256::<2, 1>(xp, wp, k, op, n),
+            _ => tile256::<3, 1>(xp, wp, k, op, n),
         });
     }
 
@@ -264,15 +282,17 @@ mod x86 {
         let mut acc = [[_mm256_setzero_ps(); R]; M];
         let full = k / LANES;
         for c in 0..full {
+            let base = w.add(c * R * LANES);
+            for i in 0..R {
+                // Two tiles ahead into L2, as in `tile512` (this kernel reads the rows at the
+                // same speed, so the same distance serves).
+                _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(2 * k.div_ceil(LANES) * R * LANES + i * LANES) as *const i8);
+            }
             for half in 0..2 {
-                let mut wv = [_mm256_setzero_ps(); R];
-                for (i, v) in wv.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(w.add(c * R * LANES + i * LANES + half * 8));
-                }
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_ps(x.add(r * k + c * LANES + half * 8));
-                    for i in 0..R {
-                        a[i] = _mm256_fmadd_ps(xv, wv[i], a[i]);
+                for i in 0..R {
+                    let wv = _mm256_loadu_ps(base.add(i * LANES + half * 8));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(r * k + c * LANES + half * 8)), wv, a[i]);
                     }
                 }
             }
