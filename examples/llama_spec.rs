@@ -115,6 +115,7 @@ fn main() -> Result<()> {
     stop.extend(tokenizer.end_of_turn_ids());
 
     eprintln!("target {} ({}), drafter {draft_name}, k {k_policy}, prompt {} tokens", target_files.name(), args.target_format, ids.len());
+    eprintln!("{}", specdec::cpu::kernels());
     let mut spec = SpeculativeDecoder::builder(drafter, Llama::new(target_w.clone())?)
         .k_policy(k_policy)
         .sampling(sampling.clone())
@@ -166,7 +167,7 @@ fn report(args: &Args, target: &str, draft: &str, tok: &Tokenizer, spec: &Genera
             "new_tokens": s.new_tokens, "plain_tok_s": p.tokens_per_sec(), "spec_tok_s": s.tokens_per_sec(),
             "speedup": speedup, "acceptance_rate": s.acceptance_rate(), "position_acceptance": s.position_acceptance(),
             "tokens_per_target_call": s.tokens_per_target_call(), "cost_ratio": s.cost_ratio(),
-            "predicted_speedup": s.predicted_speedup(), "greedy_match": greedy_match, "device": args.device,
+            "predicted_speedup": s.predicted_speedup(), "greedy_match": greedy_match, "device": args.device, "kernels": specdec::cpu::kernels().to_string(),
         });
         println!("{summary}");
     }

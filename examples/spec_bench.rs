@@ -95,6 +95,7 @@ fn main() -> Result<()> {
     let quant = files.load(WeightFormat::Stored, &device)?.0;
     let v_quant = verify_ratio(&quant)?;
     drop(quant);
+    println!("{}", specdec::cpu::kernels());
     println!("target {} (f32, {:?} engine): v = T(5 tokens)/T(1 token) at context 100 = {v_f32:.2}; its stored weights: v = {v_quant:.2}", files.name(), target.engine());
     if !args.formats.is_empty() {
         format_errors(&args, &files, &target, &prompts, &device)?;
@@ -171,7 +172,7 @@ fn main() -> Result<()> {
             "plain_tok_s": rows.first().map(|r| r["plain_tok_s"].clone()),
             "best_k": greedy.map(|g| g["k"].clone()), "best_drafter": greedy.map(|g| g["drafter"].clone()),
             "draft_cost_ratio": greedy.map(|g| g["draft_cost_ratio"].clone()),
-            "device": args.device, "rows": rows,
+            "device": args.device, "kernels": specdec::cpu::kernels().to_string(), "rows": rows,
         });
         println!("{summary}");
     }
