@@ -84,14 +84,16 @@ pub struct DecoderBuilder<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
-    /// Drafted tokens per round (default 4): shorthand for `k_policy(KPolicy::Fixed(k))`.
+    /// Drafts `k` tokens every round: shorthand for `k_policy(KPolicy::Fixed(k))`. The default
+    /// is adaptive (see [`KPolicy::default`]); a fixed k makes sampled output reproducible from
+    /// the seed, but is slower than plain decoding where the draft turns out costly.
     pub fn k(mut self, k: usize) -> Self {
         self.policy = KPolicy::Fixed(k);
         self
     }
 
-    /// How k is chosen each round: fixed, adaptive to the measured acceptance and costs, or
-    /// grown and shrunk with the blocks (see [`KPolicy`]).
+    /// How k is chosen each round: fixed, adaptive to the measured acceptance and costs (the
+    /// default, up to 8), or grown and shrunk with the blocks (see [`KPolicy`]).
     pub fn k_policy(mut self, policy: KPolicy) -> Self {
         self.policy = policy;
         self
@@ -180,7 +182,8 @@ pub struct SpeculativeDecoder<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
-    /// Starts a builder with k = 4, greedy sampling, 128 new tokens and no stop token.
+    /// Starts a builder with adaptive k (up to 8, down to plain decoding when drafting does not
+    /// pay), greedy sampling, 128 new tokens and no stop token.
     ///
     /// # Example
     /// ```

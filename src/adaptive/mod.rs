@@ -19,8 +19,8 @@ pub enum KPolicy {
     /// Always draft this many tokens (at least 1).
     Fixed(usize),
     /// Each round, the k in `0..=max` with the best expected speedup, from the measured
-    /// acceptance and call times (see [`KController`]). As k then depends on timings, sampled
-    /// outputs are not reproducible from the seed alone; greedy outputs are.
+    /// acceptance and call times (see [`KController`]); the default. As k then depends on
+    /// timings, sampled outputs are not reproducible from the seed alone; greedy outputs are.
     Adaptive {
         /// The largest k to consider (1..=[`MAX_ADAPTIVE_K`]).
         max: usize,
@@ -36,9 +36,12 @@ pub enum KPolicy {
 }
 
 impl Default for KPolicy {
-    /// `Fixed(4)`.
+    /// `Adaptive { max: 8 }`: a fixed k is a slowdown wherever the draft turns out costly
+    /// (a draft costing a few target steps loses at any k), while the adaptive policy falls
+    /// back to plain decoding there and drafts long blocks where drafting pays. Blocks longer
+    /// than 8 seldom pay (α^9 is small for most pairs, and verifying more rows costs more).
     fn default() -> Self {
-        KPolicy::Fixed(4)
+        KPolicy::Adaptive { max: DEFAULT_MAX_K }
     }
 }
 
@@ -50,7 +53,7 @@ impl std::str::FromStr for KPolicy {
     fn from_str(s: &str) -> Result<Self> {
         let bad = || Error::setting("k", s, "N, auto, auto:MAX, grow or grow:MAX");
         let (kind, max) = s.split_once(':').map_or((s, None), |(k, m)| (k, Some(m)));
-        let max = max.map(|m| m.parse::<usize>().map_err(|_| bad())).transpose()?.unwrap_or(8);
+        let max = max.map(|m| m.parse::<usize>().map_err(|_| bad())).transpose()?.unwrap_or(DEFAULT_MAX_K);
         match kind {
             "auto" => Ok(KPolicy::Adaptive { max }),
             "grow" => Ok(KPolicy::GrowShrink { start: 2.min(max), max }),
@@ -68,6 +71,9 @@ impl std::fmt::Display for KPolicy {
         }
     }
 }
+
+/// The `max` of [`KPolicy::Adaptive`] by default, and of `auto` and `grow` without one.
+pub const DEFAULT_MAX_K: usize = 8;
 
 /// The largest `max` of [`KPolicy::Adaptive`]: it keeps one cost estimate per block length.
 pub const MAX_ADAPTIVE_K: usize = 64;
