@@ -246,6 +246,60 @@ impl TargetModel for Costly {
     }
 }
 
+/// A toy draft made hundreds of times as expensive as its toy target by busy work, as a draft
+/// on a slow path (a CPU without fast kernels for its format) can be, several target steps.
+#[derive(Clone)]
+struct Slow(MarkovModel);
+
+impl TargetModel for Slow {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab()
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context_len()
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        let mut x = 0u64;
+        for i in 0..1_000_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+        std::hint::black_box(x);
+        self.0.forward(tokens, rows)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.0.truncate(len)
+    }
+}
+
+#[test]
+fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> {
+    // Through the real decoder and its clock: the margin (hundreds of target steps per draft
+    // call) is wide enough that no scheduling noise makes this draft look worth a call.
+    let target = MarkovModel::random(16, 1, 5);
+    let prompt = [1, 2, 3];
+    let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(200).generate(&prompt)?;
+    let mut dec = SpeculativeDecoder::builder(Slow(target.noisy_copy(0.1, 6)), target).max_new_tokens(200).build()?;
+    let mut drafted = 0;
+    for _ in 0..20 {
+        let out = dec.generate(&prompt)?;
+        assert_eq!(out.tokens, plain.tokens);
+        drafted += out.stats.drafted;
+        if dec.k_controller().stopped_probing() {
+            break;
+        }
+    }
+    assert!(dec.k_controller().stopped_probing(), "still probing after 20 generations");
+    assert_eq!(drafted, 3, "one measuring round and two probes, one token each");
+    // From then on the draft is neither called nor fed the prompt.
+    let out = dec.generate(&prompt)?;
+    assert_eq!(out.tokens, plain.tokens);
+    assert_eq!((out.stats.draft_calls, dec.draft().context_len()), (0, 0));
+    Ok(())
+}
+
 fn policies() -> [KPolicy; 3] {
     [KPolicy::Adaptive { max: 6 }, KPolicy::GrowShrink { start: 1, max: 6 }, KPolicy::GrowShrink { start: 6, max: 6 }]
 }
