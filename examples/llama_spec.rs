@@ -44,8 +44,9 @@ struct Args {
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
-    /// Drafted tokens per round: N, auto (adaptive, up to 8), auto:MAX, grow, grow:MAX.
-    #[arg(long, default_value = "4")]
+    /// Drafted tokens per round: auto (adaptive, up to 8, plain decoding where drafting does not
+    /// pay), auto:MAX, N (fixed; sampled output reproducible from the seed), grow, grow:MAX.
+    #[arg(long, default_value = "auto")]
     k: String,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]

@@ -84,14 +84,16 @@ pub struct DecoderBuilder<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
-    /// Drafted tokens per round (default 4): shorthand for `k_policy(KPolicy::Fixed(k))`.
+    /// Drafts `k` tokens every round: shorthand for `k_policy(KPolicy::Fixed(k))`. The default
+    /// is adaptive (see [`KPolicy::default`]); a fixed k makes sampled output reproducible from
+    /// the seed, but is slower than plain decoding where the draft turns out costly.
     pub fn k(mut self, k: usize) -> Self {
         self.policy = KPolicy::Fixed(k);
         self
     }
 
-    /// How k is chosen each round: fixed, adaptive to the measured acceptance and costs, or
-    /// grown and shrunk with the blocks (see [`KPolicy`]).
+    /// How k is chosen each round: fixed, adaptive to the measured acceptance and costs (the
+    /// default, up to 8), or grown and shrunk with the blocks (see [`KPolicy`]).
     pub fn k_policy(mut self, policy: KPolicy) -> Self {
         self.policy = policy;
         self
@@ -156,10 +158,11 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
 /// Use [`generate`](Self::generate) for a whole generation, [`generate_with`](Self::generate_with)
 /// to stream tokens as they are accepted, or [`start`](Self::start) and [`step`](Self::step) to
 /// drive it round by round. The random number generator carries on from one generation to the
-/// next; a decoder built with the same seed repeats the same sequence of generations (unless
-/// k is [`KPolicy::Adaptive`] and sampling is random: then k follows the measured times, and
-/// the draws with it). The k controller, too, carries what it learned from one generation to
-/// the next.
+/// next; with a fixed k (`.k(n)`), a decoder built with the same seed repeats the same sequence
+/// of generations. Under the default [`KPolicy::Adaptive`], k follows the measured times, and
+/// with random sampling the draws follow k, so only greedy output is reproducible. The k
+/// controller, too, carries what it learned from one generation to the next (its estimates,
+/// and whether it stopped probing a draft too slow to pay; see [`KController`]).
 ///
 /// A failed step leaves the tokens produced so far in place and both models rolled back to
 /// them, so `step` can be called again; if even the roll-back fails, `step` reports
@@ -180,7 +183,8 @@ pub struct SpeculativeDecoder<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
-    /// Starts a builder with k = 4, greedy sampling, 128 new tokens and no stop token.
+    /// Starts a builder with adaptive k (up to 8, down to plain decoding when drafting does not
+    /// pay), greedy sampling, 128 new tokens and no stop token.
     ///
     /// # Example
     /// ```
@@ -233,13 +237,18 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.stats = Stats::default();
         self.finish = self.stop.finish(&[]);
         let head = &prompt[..prompt.len() - 1];
+        // A draft the controller has given up on is not fed the prompt: it is not expected to
+        // draft again, and if it does, its first call catches up on the whole context.
+        let prefill_draft = !self.k.stopped_probing();
         let (draft, target) = (&mut self.draft, &mut self.target);
         timed(&mut self.stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
             draft.truncate(0)?;
             if !head.is_empty() {
                 target.forward(head, 0)?;
-                draft.propose(head)?;
+                if prefill_draft {
+                    draft.propose(head)?;
+                }
             }
             Ok(())
         })?;

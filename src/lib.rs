@@ -39,8 +39,8 @@
 //! let (target, tokenizer) = files.load(WeightFormat::F32, &device)?;
 //! // The draft: the file's own quantized weights (or "ngram", "layerskip:12", "quant:q8_0").
 //! let drafter = Drafter::build(&"model".parse::<DrafterSpec>()?, &files, &target, &tokenizer, &device)?;
+//! // k adapts by default: up to 8, plain decoding where drafting does not pay.
 //! let mut decoder = SpeculativeDecoder::builder(drafter, Llama::new(target)?)
-//!     .k_policy("auto".parse()?)
 //!     .sampling(SamplingConfig::new(0.8)?.with_seed(7))
 //!     .stop_tokens(tokenizer.end_of_turn_ids())
 //!     .build()?;

@@ -27,22 +27,62 @@ struct World {
     slope: f64,
 }
 
-/// Runs `rounds` rounds under `policy`; `alpha_at(round)` gives the acceptance of each round.
-/// Returns the realized speedup over plain decoding.
-fn simulate(policy: KPolicy, world: World, alpha_at: impl Fn(usize) -> f64, seed: u64) -> Result<f64> {
-    let mut ctl = KController::new(policy)?;
-    let mut rng = StdRng::seed_from_u64(seed);
-    let (mut tokens, mut cost) = (0.0, 0.0);
-    for round in 0..ROUNDS {
-        let k = ctl.next_k();
+/// What a simulated run produced: tokens, cost in one-row target calls (plain decoding costs
+/// exactly 1 per token), and the k of each round.
+#[derive(Debug, Default)]
+struct Run {
+    tokens: usize,
+    cost: f64,
+    ks: Vec<usize>,
+}
+
+impl Run {
+    /// Cost per token relative to plain decoding.
+    fn time_per_token(&self) -> f64 {
+        self.cost / self.tokens as f64
+    }
+}
+
+/// Drives `ctl` for up to `rounds` rounds or `max_tokens` tokens (each round's k cut, as the
+/// decoder cuts it, so that none come out past the end); `alpha_at(round)` gives each round's
+/// acceptance.
+fn run(
+    ctl: &mut KController,
+    world: World,
+    alpha_at: impl Fn(usize) -> f64,
+    rng: &mut StdRng,
+    rounds: usize,
+    max_tokens: usize,
+) -> Run {
+    let mut out = Run::default();
+    for round in 0..rounds {
+        if out.tokens >= max_tokens {
+            break;
+        }
+        let k = ctl.next_k().min(max_tokens - out.tokens - 1);
         let alpha = alpha_at(round);
         let accepted = (0..k).take_while(|_| rng.random::<f64>() < alpha).count();
         let (draft_secs, target_secs) = (k as f64 * world.c, 1.0 + world.slope * k as f64);
         ctl.observe(&RoundReport { drafted: k, accepted, draft_calls: k, draft_secs, target_rows: k + 1, target_secs });
-        tokens += (accepted + 1) as f64;
-        cost += draft_secs + target_secs;
+        out.tokens += accepted + 1;
+        out.cost += draft_secs + target_secs;
+        out.ks.push(k);
     }
-    Ok(tokens / cost)
+    out
+}
+
+/// One generation of `max_tokens` tokens from a new controller, so the priors' start-up counts.
+fn generation(policy: KPolicy, world: World, max_tokens: usize, seed: u64) -> Result<Run> {
+    let mut ctl = KController::new(policy)?;
+    Ok(run(&mut ctl, world, |_| world.alpha, &mut StdRng::seed_from_u64(seed), usize::MAX, max_tokens))
+}
+
+/// Runs `ROUNDS` rounds under `policy`; `alpha_at(round)` gives the acceptance of each round.
+/// Returns the realized speedup over plain decoding.
+fn simulate(policy: KPolicy, world: World, alpha_at: impl Fn(usize) -> f64, seed: u64) -> Result<f64> {
+    let mut ctl = KController::new(policy)?;
+    let run = run(&mut ctl, world, alpha_at, &mut StdRng::seed_from_u64(seed), ROUNDS, usize::MAX);
+    Ok(1.0 / run.time_per_token())
 }
 
 /// (best fixed k, its speedup, adaptive speedup, grow/shrink speedup) in `world`.
@@ -111,6 +151,72 @@ fn adaptive_k_follows_a_change_of_text() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn with_a_draft_costing_5_target_steps_adaptive_k_is_within_3_percent_of_plain() -> Result<()> {
+    // No acceptance makes such a draft pay, so every drafted round is a loss; what is left is
+    // the first round (which measures the draft) and the probes before the controller stops.
+    for slope in [0.0, 0.1, 0.3] {
+        for alpha in [0.0, 0.5, 0.9] {
+            for max_tokens in [300, 1_000, 5_000] {
+                let world = World { alpha, c: 5.0, slope };
+                let worst = (0..5)
+                    .map(|seed| Ok(generation(KPolicy::default(), world, max_tokens, seed)?.time_per_token()))
+                    .collect::<Result<Vec<f64>>>()?
+                    .into_iter()
+                    .fold(0.0, f64::max);
+                eprintln!("{world:?}, {max_tokens} tokens: adaptive k takes {worst:.4}× plain decoding's time per token");
+                assert!(worst <= 1.03, "{world:?}, {max_tokens} tokens: {worst:.4}× plain");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_draft_too_slow_to_pay_is_probed_three_times_then_not_at_all() -> Result<()> {
+    for c in [1.5, 5.0, 7.0] {
+        let world = World { alpha: 0.9, c, slope: 0.1 };
+        let mut ctl = KController::new(KPolicy::default())?;
+        let mut rng = StdRng::seed_from_u64(11);
+        let first = run(&mut ctl, world, |_| world.alpha, &mut rng, ROUNDS, usize::MAX);
+        let drafted: Vec<usize> = first.ks.iter().enumerate().filter(|(_, &k)| k > 0).map(|(i, _)| i).collect();
+        // The first round measures with one token; each probe after it waits about twice as
+        // long as the one before (the spacing also follows the estimates).
+        assert_eq!(first.ks[0], 1, "c {c}");
+        assert_eq!(drafted.len(), 3, "c {c}: drafting rounds {drafted:?}");
+        assert!(2 * (drafted[2] - drafted[1]) >= 3 * (drafted[1] - drafted[0]), "c {c}: {drafted:?}");
+        assert!(ctl.stopped_probing());
+        // The verdict is about the pair's costs, so the next generation starts plain.
+        let next = run(&mut ctl, world, |_| world.alpha, &mut rng, ROUNDS, usize::MAX);
+        assert!(next.ks.iter().all(|&k| k == 0), "c {c}");
+        eprintln!("c {c}: drafting rounds {drafted:?}, {:.4}× plain over {ROUNDS} rounds", first.time_per_token());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_cheap_draft_is_never_stopped_and_a_good_one_drafts_long_at_once() -> Result<()> {
+    // A cheap draft on hard text: its probes lose, but it could pay on easy text, so they go on
+    // (`adaptive_k_follows_a_change_of_text` shows the payoff).
+    let mut ctl = KController::new(KPolicy::default())?;
+    let hard = World { alpha: 0.0, c: 0.05, slope: 0.1 };
+    let stretch = run(&mut ctl, hard, |_| hard.alpha, &mut StdRng::seed_from_u64(12), ROUNDS, usize::MAX);
+    assert!(!ctl.stopped_probing());
+    assert!(stretch.ks[ROUNDS / 2..].contains(&1));
+    // A good cheap draft over one short generation: long blocks, close to the best fixed k
+    // (the first round drafts one token only, to measure).
+    let good = World { alpha: 0.9, c: 0.05, slope: 0.1 };
+    let adaptive = generation(KPolicy::default(), good, 300, 13)?;
+    let best_fixed =
+        (1..=MAX_K).map(|k| Ok(generation(KPolicy::Fixed(k), good, 300, 13)?.time_per_token())).collect::<Result<Vec<_>>>()?;
+    let best_fixed = best_fixed.into_iter().fold(f64::MAX, f64::min);
+    let mean_k = adaptive.ks.iter().sum::<usize>() as f64 / adaptive.ks.len() as f64;
+    eprintln!("good draft, 300 tokens: adaptive {:.4}× plain (mean k {mean_k:.2}), best fixed k {best_fixed:.4}×", adaptive.time_per_token());
+    assert!(mean_k >= 4.0, "mean k {mean_k:.2}");
+    assert!(adaptive.time_per_token() <= 1.1 * best_fixed, "{:.4} vs {best_fixed:.4}", adaptive.time_per_token());
+    Ok(())
+}
+
 /// A toy target made expensive by busy work (a fixed part and a little per row), so that its
 /// draft costs a few percent of it, as a small model beside a large one does; the adaptive
 /// controller then drafts long blocks instead of settling on plain decoding.
@@ -138,6 +244,60 @@ impl TargetModel for Costly {
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.0.truncate(len)
     }
+}
+
+/// A toy draft made hundreds of times as expensive as its toy target by busy work, as a draft
+/// on a slow path (a CPU without fast kernels for its format) can be, several target steps.
+#[derive(Clone)]
+struct Slow(MarkovModel);
+
+impl TargetModel for Slow {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab()
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context_len()
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        let mut x = 0u64;
+        for i in 0..1_000_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+        std::hint::black_box(x);
+        self.0.forward(tokens, rows)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.0.truncate(len)
+    }
+}
+
+#[test]
+fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> {
+    // Through the real decoder and its clock: the margin (hundreds of target steps per draft
+    // call) is wide enough that no scheduling noise makes this draft look worth a call.
+    let target = MarkovModel::random(16, 1, 5);
+    let prompt = [1, 2, 3];
+    let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(200).generate(&prompt)?;
+    let mut dec = SpeculativeDecoder::builder(Slow(target.noisy_copy(0.1, 6)), target).max_new_tokens(200).build()?;
+    let mut drafted = 0;
+    for _ in 0..20 {
+        let out = dec.generate(&prompt)?;
+        assert_eq!(out.tokens, plain.tokens);
+        drafted += out.stats.drafted;
+        if dec.k_controller().stopped_probing() {
+            break;
+        }
+    }
+    assert!(dec.k_controller().stopped_probing(), "still probing after 20 generations");
+    assert_eq!(drafted, 3, "one measuring round and two probes, one token each");
+    // From then on the draft is neither called nor fed the prompt.
+    let out = dec.generate(&prompt)?;
+    assert_eq!(out.tokens, plain.tokens);
+    assert_eq!((out.stats.draft_calls, dec.draft().context_len()), (0, 0));
+    Ok(())
 }
 
 fn policies() -> [KPolicy; 3] {

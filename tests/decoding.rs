@@ -38,7 +38,8 @@ fn same_seed_same_tokens() -> Result<()> {
     let (target, draft) = MarkovModel::pair(32, 0.3, 5);
     let cfg = SamplingConfig::new(0.9)?.with_top_p(0.9)?;
     let run = |seed| -> Result<Vec<Vec<u32>>> {
-        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).sampling(cfg.clone()).seed(seed).max_new_tokens(50).build()?;
+        // A fixed k: the default adaptive k follows timings, and sampled draws follow k.
+        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).sampling(cfg.clone()).seed(seed).max_new_tokens(50).build()?;
         (0..3).map(|_| Ok(dec.generate(&[1, 2])?.tokens)).collect()
     };
     assert_eq!(run(9)?, run(9)?);

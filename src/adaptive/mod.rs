@@ -7,67 +7,15 @@
 //! step) when speculation does not pay. Decoding stays exact whatever k is picked, because k is
 //! fixed from past rounds before the round's own random draws.
 
+mod policy;
 mod speedup;
 
+pub use policy::{KPolicy, DEFAULT_MAX_K};
 pub use speedup::{best_k, expected_speedup, verify_costs};
 
+use speedup::MIN_GAIN;
+
 use crate::error::{Error, Result};
-
-/// How the decoder chooses k each round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KPolicy {
-    /// Always draft this many tokens (at least 1).
-    Fixed(usize),
-    /// Each round, the k in `0..=max` with the best expected speedup, from the measured
-    /// acceptance and call times (see [`KController`]). As k then depends on timings, sampled
-    /// outputs are not reproducible from the seed alone; greedy outputs are.
-    Adaptive {
-        /// The largest k to consider (1..=[`MAX_ADAPTIVE_K`]).
-        max: usize,
-    },
-    /// The common schedule: start at `start`, one more after a fully accepted block (up to
-    /// `max`), one fewer after a rejection (down to 1).
-    GrowShrink {
-        /// The first k (1..=max).
-        start: usize,
-        /// The largest k.
-        max: usize,
-    },
-}
-
-impl Default for KPolicy {
-    /// `Fixed(4)`.
-    fn default() -> Self {
-        KPolicy::Fixed(4)
-    }
-}
-
-impl std::str::FromStr for KPolicy {
-    type Err = Error;
-
-    /// `N` (fixed), `auto` or `auto:MAX` (adaptive, max 8 by default), `grow` or `grow:MAX`
-    /// (grow/shrink from 2).
-    fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::setting("k", s, "N, auto, auto:MAX, grow or grow:MAX");
-        let (kind, max) = s.split_once(':').map_or((s, None), |(k, m)| (k, Some(m)));
-        let max = max.map(|m| m.parse::<usize>().map_err(|_| bad())).transpose()?.unwrap_or(8);
-        match kind {
-            "auto" => Ok(KPolicy::Adaptive { max }),
-            "grow" => Ok(KPolicy::GrowShrink { start: 2.min(max), max }),
-            n => n.parse().map(KPolicy::Fixed).map_err(|_| bad()),
-        }
-    }
-}
-
-impl std::fmt::Display for KPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KPolicy::Fixed(k) => write!(f, "{k}"),
-            KPolicy::Adaptive { max } => write!(f, "auto:{max}"),
-            KPolicy::GrowShrink { max, .. } => write!(f, "grow:{max}"),
-        }
-    }
-}
 
 /// The largest `max` of [`KPolicy::Adaptive`]: it keeps one cost estimate per block length.
 pub const MAX_ADAPTIVE_K: usize = 64;
@@ -115,6 +63,9 @@ const PROBE_EVERY: usize = 16;
 const PROBE_BUDGET: f64 = 0.02;
 /// but come at least this often, so that a draft that turns good is noticed.
 const PROBE_MAX_GAP: usize = 256;
+/// After this many probes from plain decoding in a row that show the draft too slow to pay
+/// even if it were always right, the controller stops probing (see [`KController`]).
+const SLOW_PROBES_TO_STOP: usize = 3;
 
 /// Chooses k before each round and learns from the round's [`RoundReport`].
 ///
@@ -127,6 +78,21 @@ const PROBE_MAX_GAP: usize = 256;
 /// alive it probes: every 16th round it tries a neighbour of that k, and while it decodes
 /// plainly it tries k = 1, spaced (every 2 to 256 rounds) so that these rounds cost about 2 %
 /// of the tokens however expensive the draft.
+///
+/// Two rules bound what a draft too expensive to ever pay (one costing about a target step or
+/// more, which no acceptance rate rescues) loses against plain decoding. Until a draft call
+/// has been timed, the controller drafts at most one token, so the first round risks one draft
+/// call rather than the block the priors would choose. And a probe from plain decoding (that
+/// first round included) counts as *too slow* when neither its own time nor the updated
+/// estimates leave any k that would pay even if every drafted token were accepted; each such
+/// probe in a row doubles the wait before the next, and after 3 in a row the controller stops
+/// probing and decodes plainly from then on. In the seed's cost model with a draft call
+/// costing 5 target steps, that keeps a fresh controller within 2 % of plain decoding over 300
+/// tokens and within 0.5 % over 5,000. The trade-off: a draft that later becomes cheaper (not
+/// better: acceptance cannot rescue it) is no longer noticed, until a new decoder measures
+/// again. A draft that is cheap but poorly accepted is never stopped, so its probes notice
+/// when the text turns easy. Like the estimates, the verdict is about the model pair on this
+/// machine, not about the text, so it carries over from one generation to the next.
 ///
 /// After plain rounds the draft has fallen behind, and its next call first catches up on the
 /// missed tokens; that call's time goes into the draft-time average like any other.
@@ -151,6 +117,11 @@ pub struct KController {
     k: usize,
     since_probe: usize,
     probes: usize,
+    /// Whether the latest round drafts only to measure (the first round, or a probe from plain
+    /// decoding), so that `observe` judges it.
+    measuring: bool,
+    /// Consecutive measuring rounds that found the draft too slow to pay.
+    slow_probes: usize,
     estimates: Estimates,
 }
 
@@ -174,9 +145,9 @@ impl KController {
         });
         let k = match policy {
             KPolicy::Fixed(k) | KPolicy::GrowShrink { start: k, .. } => k,
-            KPolicy::Adaptive { .. } => estimates.best_k(),
+            KPolicy::Adaptive { .. } => estimates.best_k().min(1),
         };
-        Ok(Self { policy, k, since_probe: 0, probes: 0, estimates })
+        Ok(Self { policy, k, since_probe: 0, probes: 0, measuring: false, slow_probes: 0, estimates })
     }
 
     /// The policy.
@@ -195,22 +166,49 @@ impl KController {
         self.estimates.alpha()
     }
 
+    /// Whether the controller has stopped probing because the draft is too slow to pay
+    /// whatever its acceptance (see above); it then decodes plainly.
+    pub fn stopped_probing(&self) -> bool {
+        self.slow_probes >= SLOW_PROBES_TO_STOP
+    }
+
     /// The k for the next round.
     pub fn next_k(&mut self) -> usize {
         if let KPolicy::Adaptive { max } = self.policy {
-            let (alpha, (draft, verify)) = (self.estimates.alpha(), self.estimates.costs());
-            let best = best_k(alpha, draft, &verify);
-            let gap = if best == 0 { plain_probe_gap(alpha, draft, &verify) } else { PROBE_EVERY };
-            self.since_probe += 1;
-            self.k = if self.since_probe >= gap {
-                self.since_probe = 0;
-                self.probes += 1;
-                probe(best, max, self.probes)
-            } else {
-                best
-            };
+            self.k = self.adaptive_k(max);
         }
         self.k
+    }
+
+    /// The adaptive policy's k: the best by the estimates, or a probe.
+    fn adaptive_k(&mut self, max: usize) -> usize {
+        let (alpha, (draft, verify)) = (self.estimates.alpha(), self.estimates.costs());
+        let best = best_k(alpha, draft, &verify);
+        self.measuring = false;
+        if self.estimates.draft_secs.is_none() {
+            // The draft's cost is still the prior's guess: one drafted token measures it, where
+            // the priors' block would risk several calls of a draft that may cost more than the
+            // target.
+            self.measuring = best > 0;
+            return best.min(1);
+        }
+        if best == 0 && self.stopped_probing() {
+            return 0;
+        }
+        let gap = match best {
+            // Each slow probe in a row doubles the wait: a short generation pays for the first
+            // round's measurement alone, a long one for 3 probes in all.
+            0 => plain_probe_gap(alpha, draft, &verify) << self.slow_probes,
+            _ => PROBE_EVERY,
+        };
+        self.since_probe += 1;
+        if self.since_probe < gap {
+            return best;
+        }
+        self.since_probe = 0;
+        self.probes += 1;
+        self.measuring = best == 0;
+        probe(best, max, self.probes)
     }
 
     /// Learns from a finished round.
@@ -226,7 +224,15 @@ impl KController {
                     self.k += 1;
                 }
             }
-            KPolicy::Adaptive { .. } => self.estimates.observe(round),
+            KPolicy::Adaptive { .. } => {
+                self.estimates.observe(round);
+                // A round without a draft call (cut to k = 0 at the end of a generation, or with
+                // an impossible time) measured nothing about the draft.
+                if self.measuring && round.draft_calls > 0 {
+                    let slow = self.estimates.too_slow(round);
+                    self.slow_probes = if slow { self.slow_probes + 1 } else { 0 };
+                }
+            }
         }
     }
 }
@@ -274,6 +280,17 @@ impl Estimates {
     fn best_k(&self) -> usize {
         let (draft, verify) = self.costs();
         best_k(self.alpha(), draft, &verify)
+    }
+
+    /// Whether drafting is too slow to pay even if every drafted token were accepted, both by
+    /// `round`'s own time (against plain steps at the estimated T(1)) and by the estimates at
+    /// any k. Both, so that neither one slow call (a draft catching up after plain rounds) nor
+    /// an estimate still dragged by an old slow call stops the probes of a draft that pays.
+    fn too_slow(&self, round: &RoundReport) -> bool {
+        let (draft, verify) = self.costs();
+        let plain_secs = (round.drafted + 1) as f64 * verify.first().copied().unwrap_or(0.0);
+        let round_too_slow = plain_secs < MIN_GAIN * (round.draft_secs + round.target_secs);
+        round_too_slow && best_k(1.0, draft, &verify) == 0
     }
 
     fn observe(&mut self, r: &RoundReport) {
@@ -370,6 +387,48 @@ mod tests {
         assert!(late.iter().filter(|&&k| k == 0).count() >= late.len() * 9 / 10, "{late:?}");
         assert!(late.contains(&1), "it still probes: {late:?}");
         assert!(ctl.alpha() < 0.05);
+        Ok(())
+    }
+
+    /// Drives `ctl` for `rounds` rounds with the report `round(k)`; returns the k of each.
+    fn drive(ctl: &mut KController, rounds: usize, round: impl Fn(usize) -> RoundReport) -> Vec<usize> {
+        (0..rounds)
+            .map(|_| {
+                let k = ctl.next_k();
+                ctl.observe(&round(k));
+                k
+            })
+            .collect()
+    }
+
+    #[test]
+    fn adaptive_measures_the_draft_with_one_token_before_drafting_long() -> Result<()> {
+        let mut ctl = KController::new(KPolicy::default())?;
+        assert_eq!(ctl.policy(), KPolicy::Adaptive { max: 8 });
+        assert_eq!((ctl.k(), ctl.next_k()), (1, 1));
+        ctl.observe(&report(1, 1));
+        assert!(ctl.next_k() > 1);
+        Ok(())
+    }
+
+    #[test]
+    fn adaptive_stops_probing_only_a_draft_too_slow_for_any_acceptance() -> Result<()> {
+        // Every call of this draft costs 5 target steps: measured, then probed twice, then left.
+        let mut slow = KController::new(KPolicy::default())?;
+        let ks = drive(&mut slow, 3_000, |k| RoundReport { draft_secs: 5.0 * k as f64, ..report(k, k) });
+        assert_eq!(ks.iter().filter(|&&k| k > 0).count(), 3, "{ks:?}");
+        assert!(slow.stopped_probing());
+        // This one is cheap but poorly accepted, and its probes each pay for one slow call (as a
+        // draft catching up after plain rounds does): they lose, but the estimates still say it
+        // could pay on easier text, so six of them in a row do not stop it.
+        let mut cheap = KController::new(KPolicy::default())?;
+        drive(&mut cheap, 1, |k| report(k, 0));
+        let mut probes = 0;
+        while probes < 6 {
+            let ks = drive(&mut cheap, 1, |k| RoundReport { draft_secs: 1.5 * k as f64, ..report(k, 0) });
+            probes += usize::from(ks[0] > 0);
+            assert!(!cheap.stopped_probing(), "after {probes} probes");
+        }
         Ok(())
     }
 
