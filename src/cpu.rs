@@ -5,6 +5,21 @@
 //! (`portable`, `avx2`, `avxvnni`, `avx512`, `avx512vnni`), so that a machine with AVX-512 can
 //! run and time the kernels an AVX2 laptop gets. A level the CPU lacks is never chosen: the
 //! variable then falls back to the detected level (and [`Kernels::forced`] says so).
+//!
+//! What each CPU gets:
+//!
+//! | CPU | f32 products | quantized products | element-wise loops |
+//! |---|---|---|---|
+//! | AVX-512 with VNNI (Zen 4 and 5, Intel Ice Lake and later servers) | avx512 | avx512vnni | avx512 |
+//! | AVX-512 without VNNI (Skylake-X) | avx512 | avx2 | avx512 |
+//! | AVX2 with AVX-VNNI (Intel Alder Lake and later clients) | avx2 | avxvnni | avx2 |
+//! | AVX2 and FMA (Haswell and later, Zen 1 to 3) | avx2 | avx2 | avx2 |
+//! | anything else: older x86-64, aarch64 (Apple silicon, Graviton) | portable | candle's | portable |
+//!
+//! The portable kernels are plain loops with independent partial sums, which the compiler
+//! vectorizes for the baseline (SSE2, NEON) without reordering a sum by itself. No NEON code of
+//! ours exists, since nothing here can run it: on such CPUs [`crate::Engine::Auto`] gives
+//! quantized models to candle, whose quantized kernels have NEON paths.
 
 use std::sync::OnceLock;
 
@@ -93,10 +108,11 @@ impl Kernels {
         }
     }
 
-    /// The quantized product's variant.
+    /// The quantized product's variant. Without SIMD, [`crate::Engine::Auto`] hands quantized
+    /// models to candle's kernels (the portable one serves `Engine::Native` and the tests).
     pub fn quant_name(&self) -> &'static str {
         match self.level {
-            Level::Portable => "portable",
+            Level::Portable => "candle",
             Level::Avx2 | Level::Avx512 => "avx2",
             Level::AvxVnni => "avxvnni",
             Level::Avx512Vnni => "avx512vnni",
@@ -136,12 +152,19 @@ fn choose(requested: Option<&str>) -> Kernels {
     }
 }
 
-/// The CPU's model name from `/proc/cpuinfo` (Linux), else the architecture.
+/// The CPU's model name with its family and model numbers from `/proc/cpuinfo` (Linux; a
+/// virtual machine may show only "AMD EPYC": family 25 is Zen 3 or 4, 26 is Zen 5), else the
+/// architecture.
 pub fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|n| n.trim().to_string()))
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines().find(|l| l.split(':').next().is_some_and(|k| k.trim() == key)).and_then(|l| l.split(':').nth(1)).map(|v| v.trim().to_string())
+    };
+    match (field("model name"), field("cpu family"), field("model")) {
+        (Some(name), Some(family), Some(model)) => format!("{name}, family {family} model {model}"),
+        (Some(name), _, _) => name,
+        _ => std::env::consts::ARCH.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -339,6 +339,9 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let n = self.ctx.len();
         let remaining = self.stop.max_new_tokens - (n - self.prompt_len);
         let k = self.k.next_k().min(remaining - 1);
+        if k > 0 {
+            self.catch_up_draft()?;
+        }
         let before = (self.stats.draft_calls, self.stats.draft_secs, self.stats.target_secs);
         let (drafted, dense) = self.draft_block(k)?;
         let verdict = self.verify(&drafted, &dense)?;
@@ -359,6 +362,21 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             self.draft.truncate(n + verdict.accepted)?;
         }
         Ok(verdict)
+    }
+
+    /// Feeds the draft, in a call of its own, all but the last of the tokens it missed while
+    /// the controller decoded plainly (or skipped its prefill). The round's first draft call
+    /// then takes one or two tokens like any other, so the catch-up work, which grows with the
+    /// plain stretch, does not pass for the cost of a draft call in the controller's estimate
+    /// (it still counts in the statistics). Its proposal is not used: no randomness is drawn.
+    fn catch_up_draft(&mut self) -> Result<()> {
+        let missed = pending(&self.ctx, self.draft.context_len(), "draft")?;
+        if missed.len() > 2 {
+            let (head, draft) = (&missed[..missed.len() - 1], &mut self.draft);
+            timed(&mut self.stats.draft_secs, || draft.propose(head))?;
+            self.stats.draft_calls += 1;
+        }
+        Ok(())
     }
 
     /// Drafts up to `k` tokens. Returns them and, per token, whether its `q` row is in `q_rows`

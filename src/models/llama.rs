@@ -3,8 +3,8 @@
 //! call and rolls its KV cache back with `truncate`.
 //!
 //! Two engines compute it: the native CPU engine ([`crate::native`], our own kernels) and a
-//! candle engine (any device). [`Engine::Auto`] picks the native one on CPU when it supports the
-//! weight format.
+//! candle engine (any device). [`Engine::Auto`] picks the native one on CPU when it has SIMD
+//! kernels for the weight format.
 
 use std::sync::Arc;
 
@@ -22,7 +22,11 @@ use crate::native::{NativeCache, NativeWeights};
 /// Which implementation computes the forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Engine {
-    /// Native on CPU where the weight format allows, candle otherwise.
+    /// Native on CPU where it has SIMD kernels for the weight format, candle otherwise.
+    /// f32 weights always run natively on the CPU (the portable f32 kernel vectorizes for any
+    /// target); quantized weights need AVX2 (see [`crate::cpu`]): on other CPUs, aarch64 among
+    /// them, candle's quantized kernels (which have NEON paths) are faster than our portable
+    /// reference.
     #[default]
     Auto,
     /// The native CPU engine.
@@ -57,12 +61,14 @@ impl LlamaWeights {
     pub fn load(source: &mut dyn TensorSource, config: LlamaConfig, format: WeightFormat, device: &Device, engine: Engine) -> Result<Self> {
         config.validate()?;
         let native_ok = device.is_cpu() && NativeWeights::supports(format);
+        let auto_native = native_ok && (format == WeightFormat::F32 || crate::cpu::level().simd());
         let weights = match engine {
             Engine::Native if !device.is_cpu() => {
                 return Err(Error::DeviceUnavailable { device: format!("{device:?}"), reason: "the native engine runs on the CPU".into() })
             }
             Engine::Native if !native_ok => return Err(Error::setting("weight format", format!("{format:?}"), "one the native engine supports")),
-            Engine::Native | Engine::Auto if native_ok => Weights::Native(NativeWeights::load(source, &config, format)?),
+            Engine::Native => Weights::Native(NativeWeights::load(source, &config, format)?),
+            Engine::Auto if auto_native => Weights::Native(NativeWeights::load(source, &config, format)?),
             _ => Weights::Candle(CandleWeights::load(source, &config, format, device)?),
         };
         Ok(Self { config, weights })
