@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow};
-use specdec::native::matmul::{matmul, OutPtr, Packed};
+use specdec::models::native::matmul::{matmul_parallel, Packed};
 use specdec::toy::MarkovModel;
 use specdec::{Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat};
 
@@ -59,10 +59,7 @@ fn rows_one_vs_many(c: &mut Criterion) {
         let x = vec![0.5f32; m * k];
         let mut y = vec![0f32; m * n];
         g.bench_with_input(BenchmarkId::from_parameter(format!("{m}_rows")), &m, |b, &m| {
-            b.iter(|| {
-                let out = OutPtr::new(&mut y);
-                specdec::native::pool::team().run(n, 64, &|rows| matmul(&x, m, &w, out, rows));
-            })
+            b.iter(|| matmul_parallel(&x, m, &w, &mut y, 64))
         });
     }
     g.finish();

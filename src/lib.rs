@@ -57,7 +57,7 @@
 //! - [`draft`]: [`Drafter`] (chosen at run time) and [`NGramDraft`] (prompt lookup).
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
-//! - [`models`]: the llama-family model, [`Llama`], on two engines: [`native`] (our own CPU
+//! - [`models`]: the llama-family model, [`Llama`], on two engines: [`models::native`] (our own CPU
 //!   kernels: small-M f32 and quantized products, a thread team) and candle (any device).
 //! - [`loading`], [`tokenizer`]: GGUF, safetensors folders, the hub cache; tokenizers.
 //! - [`tools`]: tool-call speculation for agent loops.
@@ -75,7 +75,6 @@ pub mod kernel;
 pub mod loading;
 pub mod model;
 pub mod models;
-pub mod native;
 pub mod plain;
 pub mod sampling;
 pub mod stats;

@@ -12,24 +12,14 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::linear::WeightFormat;
-use crate::models::llama::{Engine, LlamaWeights};
+use crate::models::engine::Engine;
+use crate::models::format::WeightFormat;
+use crate::models::llama::LlamaWeights;
+pub use crate::models::tensors::TensorSource;
 use crate::tokenizer::Tokenizer;
 
 pub use gguf::GgufFile;
 pub use safetensors::SafetensorsDir;
-
-/// A store of named tensors in GGUF naming (`blk.0.attn_q.weight`, …).
-pub trait TensorSource {
-    /// True when the tensor exists.
-    fn has(&self, name: &str) -> bool;
-
-    /// Reads a tensor onto `device`, quantized or not as stored.
-    ///
-    /// # Errors
-    /// [`Error::MissingTensor`] and read failures.
-    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor>;
-}
 
 impl TensorSource for GgufFile {
     fn has(&self, name: &str) -> bool {

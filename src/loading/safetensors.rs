@@ -8,7 +8,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::loading::TensorSource;
+use crate::models::tensors::TensorSource;
 use crate::models::config::{HfConfig, LlamaConfig};
 use crate::tokenizer::Tokenizer;
 

@@ -2,14 +2,16 @@
 //! own ops. On CPU the native engine (`crate::native`) is faster; this one serves CUDA, the
 //! weight formats the native engine lacks, and tests as an independent implementation.
 
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
-use crate::loading::TensorSource;
 use crate::models::config::LlamaConfig;
+use crate::models::engine::{Backend, Engine};
+use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
-use crate::models::linear::{Linear, WeightFormat};
-use crate::models::llama::{check_shape, rope_angles};
+use crate::models::linear::Linear;
+use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
 
 /// One transformer block's weights.
 #[derive(Debug)]
@@ -38,66 +40,54 @@ pub struct CandleWeights {
 }
 
 impl CandleWeights {
-    /// Reads every tensor of the model from `source` (GGUF names, interleaved-RoPE row order).
+    /// Reads every tensor of the model from `source` (see [`BlockTensors`]).
     ///
     /// # Errors
     /// Missing tensors, shape mismatches, backend failures.
     pub fn load(source: &mut dyn TensorSource, c: &LlamaConfig, format: WeightFormat, device: &Device) -> Result<Self> {
-        let (q_out, kv_out) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let head_name = if source.has("output.weight") { "output.weight" } else { "token_embd.weight" };
-        let mut linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
-            let t = source.qtensor(name, device)?;
-            check_shape(name, t.shape().dims(), &[rows, cols])?;
-            Linear::new(t, format, device)
-        };
+        let vector = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
         let mut blocks = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
-            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            let t = BlockTensors::read(source, c, i, device)?;
             blocks.push(Block {
-                q: linear(&p("attn_q"), q_out, c.hidden_size)?,
-                k: linear(&p("attn_k"), kv_out, c.hidden_size)?,
-                v: linear(&p("attn_v"), kv_out, c.hidden_size)?,
-                o: linear(&p("attn_output"), c.hidden_size, q_out)?,
-                gate: linear(&p("ffn_gate"), c.intermediate_size, c.hidden_size)?,
-                up: linear(&p("ffn_up"), c.intermediate_size, c.hidden_size)?,
-                down: linear(&p("ffn_down"), c.hidden_size, c.intermediate_size)?,
-                attn_norm: Tensor::zeros(1, DType::F32, device)?,
-                ffn_norm: Tensor::zeros(1, DType::F32, device)?,
+                attn_norm: vector(t.attn_norm)?,
+                q: Linear::new(t.q, format, device)?,
+                k: Linear::new(t.k, format, device)?,
+                v: Linear::new(t.v, format, device)?,
+                o: Linear::new(t.o, format, device)?,
+                ffn_norm: vector(t.ffn_norm)?,
+                gate: Linear::new(t.gate, format, device)?,
+                up: Linear::new(t.up, format, device)?,
+                down: Linear::new(t.down, format, device)?,
             });
         }
-        let lm_head = linear(head_name, c.vocab_size, c.hidden_size)?;
-        let mut vector = |name: &str, len: usize| -> Result<Tensor> {
-            let t = source.qtensor(name, device)?.dequantize(device)?;
-            check_shape(name, t.dims(), &[len])?;
-            Ok(t)
-        };
-        for (i, b) in blocks.iter_mut().enumerate() {
-            b.attn_norm = vector(&format!("blk.{i}.attn_norm.weight"), c.hidden_size)?;
-            b.ffn_norm = vector(&format!("blk.{i}.ffn_norm.weight"), c.hidden_size)?;
-        }
-        let norm = vector("output_norm.weight", c.hidden_size)?;
-        let embed = source.qtensor("token_embd.weight", device)?.dequantize(device)?;
-        check_shape("token_embd.weight", embed.dims(), &[c.vocab_size, c.hidden_size])?;
-        let angles = Tensor::from_vec(rope_angles(c), (c.max_context, c.head_dim / 2), device)?;
-        Ok(Self { device: device.clone(), embed, blocks, norm, lm_head, cos: angles.cos()?, sin: angles.sin()? })
+        let outer = OuterTensors::read(source, c, device)?;
+        let embed = outer.embed.dequantize(device)?;
+        let lm_head = Linear::new(outer.lm_head.unwrap_or(outer.embed), format, device)?;
+        let angles = Tensor::from_vec(c.rope_angles(), (c.max_context, c.head_dim / 2), device)?;
+        Ok(Self { device: device.clone(), embed, blocks, norm: vector(outer.norm)?, lm_head, cos: angles.cos()?, sin: angles.sin()? })
     }
 
-    /// Empty KV caches, one per block in `layers`.
-    ///
-    /// # Errors
-    /// Backend failures.
-    pub fn caches(&self, c: &LlamaConfig, layers: usize) -> Result<Vec<KvCache>> {
+}
+
+impl Backend for CandleWeights {
+    type Cache = Vec<KvCache>;
+
+    fn engine(&self) -> Engine {
+        Engine::Candle
+    }
+
+    /// One [`KvCache`] per block.
+    fn new_cache(&self, c: &LlamaConfig, layers: usize) -> Result<Vec<KvCache>> {
         let capacity = 256.min(c.max_context);
         (0..layers).map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &self.device)).collect()
     }
 
-    /// Runs `tokens` at the caches' offset through the blocks in `layers` and returns the
-    /// logits of the last `rows` positions, row-major on the host.
-    ///
-    /// # Errors
-    /// Backend failures.
-    pub fn forward(&self, c: &LlamaConfig, caches: &mut [KvCache], layers: &[usize], tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
-        let (n, pos) = (tokens.len(), caches.first().map_or(0, KvCache::len));
+    fn forward(&self, c: &LlamaConfig, caches: &mut Vec<KvCache>, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+        // The roll-back contract: positions from `pos` on are forgotten (a failed call may
+        // have left some layers longer than others).
+        caches.iter_mut().for_each(|k| k.truncate(pos));
+        let n = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
         let cos = self.cos.narrow(0, pos, n)?;
@@ -120,6 +110,7 @@ impl CandleWeights {
         Ok(self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
     }
 }
+
 
 /// Self-attention of `n` new positions over the cache: queries (heads, n, hd) grouped as
 /// (kv_heads, groups·n, hd) so each key/value head serves its query heads without copies.

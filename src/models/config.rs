@@ -53,6 +53,14 @@ impl LlamaConfig {
         }
         Ok(())
     }
+
+    /// Position × frequency for interleaved RoPE, (max_context, head_dim / 2) row-major: the
+    /// angles both engines take the sines and cosines of.
+    pub fn rope_angles(&self) -> Vec<f32> {
+        let half = self.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f32 / self.head_dim as f32)).collect();
+        (0..self.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
+    }
 }
 
 /// The fields of an HF `config.json` this crate reads.

@@ -1,11 +1,24 @@
-//! Model implementations.
+//! The llama-family model and what it is built from, in layers (each imports only those
+//! above it in this list):
+//!
+//! - `config`, `format`, `tensors`: the model's shape, how its weights are held, and the one
+//!   place that names its tensors ([`tensors::TensorSource`] is what loaders implement);
+//! - `engine`: the [`Backend`] trait, one forward pass with its own cache;
+//! - `native` (our CPU kernels) and `candle_llama` (candle's ops, any device, with `linear`
+//!   and `kv_cache`): the two backends;
+//! - `llama`: [`Llama`], a model instance over shared [`LlamaWeights`] and one backend.
 
 pub mod candle_llama;
 pub mod config;
+pub mod engine;
+pub mod format;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
+pub mod native;
+pub mod tensors;
 
 pub use config::LlamaConfig;
-pub use linear::WeightFormat;
-pub use llama::{Engine, Llama, LlamaWeights};
+pub use engine::{Backend, Engine};
+pub use format::WeightFormat;
+pub use llama::{Llama, LlamaWeights};

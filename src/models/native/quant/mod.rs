@@ -30,7 +30,7 @@ mod avx2;
 mod avx512;
 mod kernel;
 
-pub use kernel::{qmatmul, qmatmul_portable};
+pub use kernel::{qmatmul, qmatmul_parallel, qmatmul_portable};
 
 /// Values per chunk the kernels step over (two 32-value blocks).
 const CHUNK: usize = 64;

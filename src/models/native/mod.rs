@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod llama;
 pub mod matmul;
+pub mod out_ptr;
 pub mod pool;
 pub mod quant;
 

@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{half, Bits, QActs, QMatrix, CHUNK};
-use crate::native::matmul::OutPtr;
+use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and activation rows per group.
 const TILE: usize = 2;
@@ -49,6 +49,10 @@ pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
 }
 
 /// Walks `cols` in tiles of weight rows and the activation rows in groups.
+///
+/// # Safety
+/// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, and `cols` of
+/// `out` owned by the caller.
 #[inline(always)]
 unsafe fn drive<const VNNI: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     let mut c = cols.start;
@@ -81,6 +85,9 @@ struct Rows {
 }
 
 /// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
+///
+/// # Safety
+/// As `drive`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
 #[inline(always)]
 unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: &OutPtr) {
     let nb = w.padded / 32;
@@ -147,6 +154,9 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(a: &QActs, 
 
 /// Adds chunk `p` of one weight row (`codes`, two 32-byte halves; `scale` its two block
 /// scales) times each activation row into `acc`.
+///
+/// # Safety
+/// AVX2 (and AVX-VNNI when `VNNI`); `x` points at M rows holding chunk `p`.
 #[inline(always)]
 unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(acc: &mut [__m256; M], codes: [__m256i; 2], scale: __m256, x: Rows, p: usize) {
     for (r, a) in acc.iter_mut().enumerate() {
@@ -168,17 +178,28 @@ unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(acc: 
 }
 
 /// Two f16 scales at `p` as `[s0, s1, s0, s1, …]`.
+///
+/// # Safety
+/// F16C; `p` points at two readable `u16`.
 #[inline(always)]
 unsafe fn scales(p: *const u16) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi32(std::ptr::read_unaligned(p as *const i32)))
 }
 
-/// Asks for the cache line at `p` in L2. Never dereferences `p`, which may lie past the end.
+/// Asks for the cache line at `p` in L2. Never dereferences `p`, which may lie past the end
+/// of the weights (hence computed by `wrapping_add`).
+///
+/// # Safety
+/// SSE (every x86-64 CPU); a prefetch of any address is harmless.
 #[inline(always)]
 unsafe fn prefetch(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
 }
 
+/// The sum of the 8 lanes.
+///
+/// # Safety
+/// AVX.
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -187,6 +208,9 @@ unsafe fn hsum(v: __m256) -> f32 {
 }
 
 /// Σ a[i]·b[i] for i < n, `a` in f16.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `a` and `b` point at `n` readable values.
 #[inline(always)]
 unsafe fn dot_f16(a: *const u16, b: *const f32, n: usize) -> f32 {
     let mut acc = _mm256_setzero_ps();

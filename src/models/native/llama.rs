@@ -8,14 +8,15 @@
 use candle_core::Device;
 
 use crate::error::Result;
-use crate::loading::TensorSource;
 use crate::models::config::LlamaConfig;
-use crate::models::linear::WeightFormat;
-use crate::models::llama::{check_shape, rope_angles};
-use crate::native::attention::{self, Shape};
-use crate::native::matmul::{matmul, OutPtr, Packed};
-use crate::native::pool::team;
-use crate::native::quant::{qmatmul, QActs, QMatrix};
+use crate::models::engine::{Backend, Engine};
+use crate::models::format::WeightFormat;
+use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
+use crate::models::native::attention::{self, Shape};
+use crate::models::native::matmul::{matmul_parallel, Packed};
+use crate::models::native::out_ptr::OutPtr;
+use crate::models::native::pool::team;
+use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
 use candle_core::quantized::{GgmlDType, QTensor};
 
 /// Weight rows per chunk of a parallel product: a multiple of the kernels' 4-row tiles, small
@@ -33,14 +34,13 @@ pub enum Matrix {
 }
 
 impl Matrix {
-    /// Reads tensors stacked by rows (a fused q|k|v or gate|up matrix) in `format`. Parts that
-    /// cannot be held quantized (a row length that is not a whole number of blocks, a block
-    /// type the kernels lack) make the whole matrix f32.
-    fn load(source: &mut dyn TensorSource, parts: &[(&str, usize)], cols: usize, format: WeightFormat) -> Result<Self> {
+    /// Holds `parts`, (rows_i, cols) tensors stacked by rows (a fused q|k|v or gate|up
+    /// matrix), in `format`. Parts that cannot be held quantized (a row length that is not a
+    /// whole number of blocks, a block type the kernels lack) make the whole matrix f32.
+    fn load(parts: Vec<QTensor>, format: WeightFormat) -> Result<Self> {
         let mut loaded = Vec::with_capacity(parts.len());
-        for &(name, rows) in parts {
-            let t = source.qtensor(name, &Device::Cpu)?;
-            check_shape(name, t.shape().dims(), &[rows, cols])?;
+        for t in parts {
+            let (rows, cols) = t.shape().dims2()?;
             let target = match format {
                 WeightFormat::F32 => None,
                 WeightFormat::Stored => Some(t.dtype()),
@@ -58,6 +58,7 @@ impl Matrix {
                 None => Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols)),
             });
         }
+        let cols = loaded.first().map_or(0, Self::cols);
         let quant: Vec<QMatrix> = loaded.iter().filter_map(|m| if let Self::Quant(q) = m { Some(q.clone()) } else { None }).collect();
         if quant.len() == loaded.len() {
             if let Some(q) = QMatrix::stack(quant) {
@@ -71,7 +72,14 @@ impl Matrix {
                 part.row_into(r, &mut data);
             }
         }
-        Ok(Self::F32(Packed::pack(&data, data.len() / cols, cols)))
+        Ok(Self::F32(Packed::pack(&data, data.len() / cols.max(1), cols)))
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            Self::F32(p) => p.cols(),
+            Self::Quant(q) => q.cols(),
+        }
     }
 
     fn rows(&self) -> usize {
@@ -105,13 +113,11 @@ impl Matrix {
     /// for quantized activations.
     pub fn apply(&self, x: &[f32], m: usize, out: &mut Vec<f32>, acts: &mut QActs) {
         out.resize(m * self.rows(), 0.0);
-        let dst = OutPtr::new(out);
         match self {
-            Self::F32(p) => team().run(p.rows(), GRAIN, &|rows| matmul(x, m, p, dst, rows)),
+            Self::F32(p) => matmul_parallel(x, m, p, out, GRAIN),
             Self::Quant(q) => {
                 acts.quantize(x, m, q.cols());
-                let acts = &*acts;
-                team().run(q.rows(), GRAIN, &|rows| qmatmul(acts, q, dst, rows));
+                qmatmul_parallel(acts, q, out, GRAIN);
             }
         }
     }
@@ -148,37 +154,34 @@ impl NativeWeights {
         }
     }
 
-    /// Reads every tensor from `source` (GGUF names, interleaved-RoPE row order).
+    /// Reads every tensor from `source` (see [`BlockTensors`]).
     ///
     /// # Errors
     /// Missing tensors, shape mismatches.
     pub fn load(source: &mut dyn TensorSource, c: &LlamaConfig, format: WeightFormat) -> Result<Self> {
-        let (h, q_out, kv_out, ff) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-        let mut vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let t = source.qtensor(name, &Device::Cpu)?;
-            check_shape(name, t.shape().dims(), &[len])?;
-            Ok(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?)
-        };
-        let norms: Vec<(Vec<f32>, Vec<f32>)> = (0..c.num_layers)
-            .map(|i| Ok((vector(&format!("blk.{i}.attn_norm.weight"), h)?, vector(&format!("blk.{i}.ffn_norm.weight"), h)?)))
-            .collect::<Result<_>>()?;
-        let norm = vector("output_norm.weight", h)?;
+        let vector = |t: QTensor| -> Result<Vec<f32>> { Ok(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?) };
         let mut blocks = Vec::with_capacity(c.num_layers);
-        for (i, (attn_norm, ffn_norm)) in norms.into_iter().enumerate() {
-            let p = |s: &str| format!("blk.{i}.{s}.weight");
+        for i in 0..c.num_layers {
+            let t = BlockTensors::read(source, c, i, &Device::Cpu)?;
             blocks.push(Block {
-                attn_norm,
-                qkv: Matrix::load(source, &[(&p("attn_q"), q_out), (&p("attn_k"), kv_out), (&p("attn_v"), kv_out)], h, format)?,
-                o: Matrix::load(source, &[(&p("attn_output"), h)], q_out, format)?,
-                ffn_norm,
-                gate_up: Matrix::load(source, &[(&p("ffn_gate"), ff), (&p("ffn_up"), ff)], h, format)?,
-                down: Matrix::load(source, &[(&p("ffn_down"), h)], ff, format)?,
+                attn_norm: vector(t.attn_norm)?,
+                qkv: Matrix::load(vec![t.q, t.k, t.v], format)?,
+                o: Matrix::load(vec![t.o], format)?,
+                ffn_norm: vector(t.ffn_norm)?,
+                gate_up: Matrix::load(vec![t.gate, t.up], format)?,
+                down: Matrix::load(vec![t.down], format)?,
             });
         }
-        let embed = Matrix::load(source, &[("token_embd.weight", c.vocab_size)], h, format)?;
-        let lm_head = if source.has("output.weight") { Some(Matrix::load(source, &[("output.weight", c.vocab_size)], h, format)?) } else { None };
-        let angles = rope_angles(c);
-        Ok(Self { embed, blocks, norm, lm_head, cos: angles.iter().map(|a| a.cos()).collect(), sin: angles.iter().map(|a| a.sin()).collect() })
+        let outer = OuterTensors::read(source, c, &Device::Cpu)?;
+        let angles = c.rope_angles();
+        Ok(Self {
+            embed: Matrix::load(vec![outer.embed], format)?,
+            blocks,
+            norm: vector(outer.norm)?,
+            lm_head: outer.lm_head.map(|t| Matrix::load(vec![t], format)).transpose()?,
+            cos: angles.iter().map(|a| a.cos()).collect(),
+            sin: angles.iter().map(|a| a.sin()).collect(),
+        })
     }
 
     /// Bytes of the matrices, which one token's forward pass streams (the embedding is read
@@ -188,12 +191,26 @@ impl NativeWeights {
         blocks + self.lm_head.as_ref().unwrap_or(&self.embed).size_bytes()
     }
 
-    /// Runs `tokens` at position `pos` through the blocks in `layers`, appending to `cache`,
-    /// and returns the logits of the last `rows` positions (row-major).
-    ///
-    /// # Errors
-    /// None today; the signature leaves room for kernels that can fail.
-    pub fn forward(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+}
+
+impl Backend for NativeWeights {
+    type Cache = NativeCache;
+
+    fn engine(&self) -> Engine {
+        Engine::Native
+    }
+
+    fn new_cache(&self, _: &LlamaConfig, layers: usize) -> Result<NativeCache> {
+        Ok(NativeCache::new(layers))
+    }
+
+    fn bytes_per_token(&self) -> Option<usize> {
+        Some(self.matrix_bytes())
+    }
+
+    /// Writing at `pos` overwrites the cache from there: values are cut to `pos` positions
+    /// before the new ones are appended, and keys are stored at their positions.
+    fn forward(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
         let n = tokens.len();
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);

@@ -9,18 +9,34 @@ use super::{half, position, QActs, QMatrix, CHUNK};
 use super::{avx2, avx512};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::Level;
-use crate::native::matmul::OutPtr;
+use crate::models::native::out_ptr::OutPtr;
+use crate::models::native::pool::team;
 
-/// Columns `cols` of `out = x · wᵀ` (m × w.rows, row-major) for activations `a` quantized from
-/// `x`, with the kernel [`crate::cpu::kernels`] chose. Threads given disjoint `cols` may run at
-/// once on the same `out`.
+/// `out = x · wᵀ` (m × w.rows, row-major) for activations `a` quantized from `x`, the weight
+/// rows shared out over the thread team.
 ///
 /// Panics if the sizes do not fit; callers check shapes when building a model.
-pub fn qmatmul(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+pub fn qmatmul_parallel(a: &QActs, w: &QMatrix, out: &mut [f32], grain: usize) {
+    let dst = OutPtr::new(out);
+    check(a, w, dst, &(0..w.rows));
+    // SAFETY: the team hands each job a distinct range of weight rows, so no two threads write
+    // the same column of `out`.
+    team().run(w.rows, grain, &|cols| unsafe { qmatmul(a, w, dst, cols) });
+}
+
+/// Columns `cols` of `out = x · wᵀ` (m × w.rows, row-major) for activations `a` quantized from
+/// `x`, with the kernel [`crate::cpu::kernels`] chose.
+///
+/// Panics if the sizes do not fit.
+///
+/// # Safety
+/// No other thread may touch columns `cols` of `out` while this runs (threads given disjoint
+/// `cols` may run at once on the same `out`).
+pub unsafe fn qmatmul(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     check(a, w, out, &cols);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `cpu::level` names a level only when the CPU has all its features, and the
-    // sizes were checked above.
+    // SAFETY: `cpu::level` names a level only when the CPU has all its features, the sizes
+    // were checked above, and the caller owns `cols` of `out`.
     unsafe {
         match crate::cpu::level() {
             Level::Avx512Vnni => return avx512::qmatmul_vnni(a, w, out, cols),
@@ -29,7 +45,8 @@ pub fn qmatmul(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
             Level::Portable => {}
         }
     }
-    qmatmul_portable(a, w, out, cols)
+    // SAFETY: the caller owns `cols` of `out`.
+    unsafe { qmatmul_portable(a, w, out, cols) }
 }
 
 fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
@@ -38,8 +55,11 @@ fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
 }
 
 /// The reference kernel, also the fallback: codes and activations in natural order, so that
-/// the block dots are plain integer loops the compiler vectorizes.
-pub fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+/// the block dots are plain integer loops.
+///
+/// # Safety
+/// As [`qmatmul`].
+pub unsafe fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     check(a, w, out, &cols);
     let nb = w.padded / 32;
     let x: Vec<i8> = (0..a.rows * a.padded).map(|j| a.xq[j / CHUNK * CHUNK + position(j % CHUNK)]).collect();
@@ -54,7 +74,7 @@ pub fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>)
                 let dot: i32 = qb.iter().zip(xb).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum();
                 acc += half(w.d[c * nb + b]) * a.dx[r * nb + b] * dot as f32 + half(w.m[c * nb + b]) * a.sx[r * nb + b];
             }
-            // SAFETY: r < rows and c < w.rows, inside `out` (checked above).
+            // SAFETY: `write` checks the bounds; the caller owns column `c` of `out`.
             unsafe { out.write(r * w.rows + c, acc) };
         }
     }
@@ -83,7 +103,7 @@ mod candle_agreement {
             let mut acts = QActs::default();
             acts.quantize(&x, m, k);
             let mut got = vec![0f32; m * n];
-            qmatmul(&acts, &ours, OutPtr::new(&mut got), 0..n);
+            qmatmul_parallel(&acts, &ours, &mut got, 64);
             let scale = theirs.iter().fold(0f32, |s, v| s.max(v.abs()));
             let diff = got.iter().zip(&theirs).fold(0f32, |d, (a, b)| d.max((a - b).abs()));
             assert!(diff <= 1e-3 * scale, "{dtype:?}: max diff {diff} at scale {scale}");
@@ -94,28 +114,27 @@ mod candle_agreement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::native::quant::tests::{data, repack, TYPES};
+    use crate::models::native::quant::tests::{data, repack, TYPES};
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    type Kernel = fn(&QActs, &QMatrix, OutPtr, Range<usize>);
+    type Kernel = fn(&QActs, &QMatrix, OutPtr<'_>, Range<usize>);
 
     /// Every kernel this CPU can run, each called directly (not only through the dispatch): a
     /// CPU with AVX-512 VNNI and AVX-VNNI (Zen 5) tests all four.
     fn variants() -> Vec<(&'static str, Kernel)> {
-        let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", qmatmul_portable), ("dispatch", qmatmul)];
+        // SAFETY (all of these): the CPU has the level's features, and the tests call each
+        // kernel on one thread at a time with fitting sizes.
+        let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", |a, w, o, c| unsafe { qmatmul_portable(a, w, o, c) }), ("dispatch", |a, w, o, c| unsafe { qmatmul(a, w, o, c) })];
         #[cfg(target_arch = "x86_64")]
         {
             if Level::Avx2.available() {
-                // SAFETY: the CPU has the level's features; the tests pass fitting sizes.
                 ks.push(("avx2", |a, w, o, c| unsafe { avx2::qmatmul_avx2(a, w, o, c) }));
             }
             if Level::AvxVnni.available() {
-                // SAFETY: as above.
                 ks.push(("avxvnni", |a, w, o, c| unsafe { avx2::qmatmul_avxvnni(a, w, o, c) }));
             }
             if Level::Avx512Vnni.available() {
-                // SAFETY: as above.
                 ks.push(("avx512vnni", |a, w, o, c| unsafe { avx512::qmatmul_vnni(a, w, o, c) }));
             }
         }
@@ -169,7 +188,7 @@ mod tests {
     fn agree_with_portable(w: &QMatrix, x: &[f32], m: usize, what: &str) {
         let mut acts = QActs::default();
         acts.quantize(x, m, w.cols());
-        let want = run(qmatmul_portable, &acts, w);
+        let want = run(variants()[0].1, &acts, w);
         for (name, kernel) in variants() {
             for (p, q) in want.iter().zip(run(kernel, &acts, w)) {
                 assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{name} {what} m{m}: {p} vs {q}");

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{Bits, QActs, QMatrix, CHUNK};
-use crate::native::matmul::OutPtr;
+use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and activation rows per group.
 const TILE: usize = 4;
@@ -45,6 +45,9 @@ pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 
 /// Two f32 scales `[s0, s1]` at `p` broadcast as `[s0, s1, s0, s1, …]`, the lane order of a
 /// `vpdpbusd` over an interleaved chunk.
+///
+/// # Safety
+/// AVX-512 F; `p` points at two readable `f32`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn pair(p: *const f32) -> __m512 {
@@ -52,12 +55,19 @@ unsafe fn pair(p: *const f32) -> __m512 {
 }
 
 /// The same for two f16 scales.
+///
+/// # Safety
+/// AVX-512 F; `p` points at two readable `u16`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn pair_f16(p: *const u16) -> __m512 {
     _mm512_cvtph_ps(_mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)))
 }
 
+/// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
+///
+/// # Safety
+/// As `qmatmul_vnni`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: OutPtr) {
@@ -132,6 +142,10 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
 }
 
 /// Σ a[i]·b[i] for i < n (a in f16), 16 lanes at a time.
+///
+/// # Safety
+/// AVX-512 F, BW and VL; `a` and `b` point at `n` readable values (masked loads read no
+/// further).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 unsafe fn dot_f32(a: *const u16, b: *const f32, n: usize) -> f32 {

@@ -10,6 +10,9 @@
 
 use std::ops::Range;
 
+pub use super::out_ptr::OutPtr;
+use super::pool::team;
+
 /// Activation rows processed together against one tile of weight rows. Four keep the 16
 /// accumulators in registers; six (24 accumulators) made LLVM spill them to the stack, which
 /// cost more than the second pass over the tile (from L1) that groups of four need for 5..8
@@ -19,52 +22,6 @@ const ROWS: usize = 4;
 const TILE: usize = 4;
 /// Values per interleaved slice.
 const LANES: usize = 16;
-
-/// A raw view of the output that threads write in disjoint parts.
-#[derive(Clone, Copy)]
-pub struct OutPtr {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: threads write disjoint elements (distinct column ranges); see `matmul`.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// Views `out`; the caller keeps `out` alive and unaliased while the view is used.
-    pub fn new(out: &mut [f32]) -> Self {
-        Self { ptr: out.as_mut_ptr(), len: out.len() }
-    }
-
-    /// Elements in the view.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True for an empty view.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Writes one element.
-    ///
-    /// # Safety
-    /// No other thread may touch element `i` at the same time.
-    pub unsafe fn write(self, i: usize, value: f32) {
-        assert!(i < self.len, "OutPtr::write out of bounds");
-        *self.ptr.add(i) = value;
-    }
-
-    /// The elements `start..start + len` as a slice.
-    ///
-    /// # Safety
-    /// No other thread may touch these elements while the slice lives.
-    pub unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
-        assert!(start + len <= self.len, "OutPtr::slice out of bounds");
-        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
-    }
-}
 
 /// A (rows, cols) f32 matrix packed for [`matmul`]: full tiles of four rows interleaved 16
 /// values at a time, then the last `rows % 4` rows plainly; every row padded with zeros to a
@@ -122,27 +79,46 @@ impl Packed {
     }
 }
 
-/// Columns `cols` of `y = x · wᵀ` for `m` rows of `x` (each `w.cols()` long), into `out`
-/// (m × w.rows(), row-major). `cols` must not split a 4-row tile (see `check`). Threads given disjoint
-/// `cols` may run at once on the same `out`.
+/// `out = x · wᵀ` for `m` rows of `x` (each `w.cols()` long), into `out` (m × w.rows(),
+/// row-major), the weight rows shared out over the thread team.
 ///
 /// Panics if the sizes do not fit; callers check shapes when building a model.
-pub fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
+pub fn matmul_parallel(x: &[f32], m: usize, w: &Packed, out: &mut [f32], grain: usize) {
+    let dst = OutPtr::new(out);
+    check(x, m, w, dst, &(0..w.rows));
+    // Chunks of a multiple of 4 rows keep every range on whole tiles.
+    let grain = grain.div_ceil(TILE).max(1) * TILE;
+    // SAFETY: the team hands each job a distinct range of weight rows, so no two threads write
+    // the same column of `out`.
+    team().run(w.rows, grain, &|cols| unsafe { matmul(x, m, w, dst, cols) });
+}
+
+/// Columns `cols` of `y = x · wᵀ` for `m` rows of `x` (each `w.cols()` long), into `out`
+/// (m × w.rows(), row-major), with the kernel [`crate::cpu::kernels`] chose. `cols` must not
+/// split a 4-row tile (see `check`).
+///
+/// Panics if the sizes do not fit.
+///
+/// # Safety
+/// No other thread may touch columns `cols` of `out` while this runs (threads given disjoint
+/// `cols` may run at once on the same `out`).
+pub unsafe fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
     check(x, m, w, out, &cols);
     #[cfg(target_arch = "x86_64")]
     {
         let level = crate::cpu::level();
         if level.wide() {
             // SAFETY: the wide levels are chosen only when the CPU has AVX-512 F and FMA; the
-            // bounds were checked.
+            // sizes were checked, and the caller owns `cols` of `out`.
             return unsafe { x86::matmul_avx512(x, m, w, out, cols) };
         }
         if level.simd() {
-            // SAFETY: every SIMD level is chosen only when the CPU has AVX2 and FMA.
+            // SAFETY: every SIMD level is chosen only when the CPU has AVX2 and FMA; as above.
             return unsafe { x86::matmul_avx2(x, m, w, out, cols) };
         }
     }
-    matmul_portable(x, m, w, out, cols)
+    // SAFETY: the caller owns `cols` of `out`.
+    unsafe { matmul_portable(x, m, w, out, cols) }
 }
 
 /// The kernels walk whole 4-row tiles up to the last full one, so a range must start at a tile
@@ -150,13 +126,16 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) 
 fn check(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: &Range<usize>) {
     let full = w.rows / TILE * TILE;
     let tiles_whole = cols.start.is_multiple_of(TILE) && (cols.end.is_multiple_of(TILE) || cols.end >= full);
-    assert!(x.len() >= m * w.cols && out.len >= m * w.rows && cols.start <= cols.end && cols.end <= w.rows && tiles_whole, "matmul sizes");
+    assert!(x.len() >= m * w.cols && out.len() >= m * w.rows && cols.start <= cols.end && cols.end <= w.rows && tiles_whole, "matmul sizes");
 }
 
 /// The reference kernel, also the fallback (the kernel of CPUs without AVX2, aarch64 among
 /// them): it reads the packed tiles in order and keeps 16 partial sums per weight row, plain
 /// loops that the compiler turns into SSE2 or NEON code without reordering any sum by itself.
-pub fn matmul_portable(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
+///
+/// # Safety
+/// As [`matmul`].
+pub unsafe fn matmul_portable(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
     check(x, m, w, out, &cols);
     let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
     let mut j = cols.start;
@@ -174,8 +153,7 @@ pub fn matmul_portable(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range
                 }
             }
             for (i, acc) in lanes.iter().take(rows).enumerate() {
-                // SAFETY: r < m and j + i < n, inside `out` (checked above); threads own
-                // disjoint column ranges.
+                // SAFETY: `write` checks the bounds; the caller owns columns `cols` of `out`.
                 unsafe { out.write(r * n + j + i, acc.iter().sum()) };
             }
         }
@@ -193,6 +171,10 @@ mod x86 {
 
     /// Walks the column range tile by tile (then single rows) and the activation rows in
     /// groups of up to `group_rows`, calling `f(x, group, weights, tile rows, out)`.
+    ///
+    /// # Safety
+    /// The sizes were checked by `check`, and the caller owns columns `cols` of `out`; `f`
+    /// reads `group` rows of `x` and the tile and writes `group` × `tile rows` outputs.
     #[inline(always)]
     unsafe fn drive(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>, group_rows: usize, f: impl Fn(*const f32, usize, *const f32, usize, *mut f32)) {
         let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
@@ -202,13 +184,15 @@ mod x86 {
             let mut r = 0;
             while r < m {
                 let group = (m - r).min(group_rows);
-                f(x.as_ptr().add(r * k), group, w.data.as_ptr().add(j * w.stride), rows, out.ptr.add(r * n + j));
+                f(x.as_ptr().add(r * k), group, w.data.as_ptr().add(j * w.stride), rows, out.as_ptr().add(r * n + j));
                 r += group;
             }
             j += rows;
         }
     }
 
+    /// # Safety
+    /// The CPU has AVX-512 F and FMA; otherwise as [`super::matmul`].
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn matmul_avx512(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
         let (k, n) = (w.cols, w.rows);
@@ -225,6 +209,10 @@ mod x86 {
     }
 
     /// `out[r·n + i] = x[r] · w_i` for r < M and the R rows of a packed tile at `w`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and FMA; `x` holds M rows of `k` values, `w` a packed tile of R
+    /// rows, `out` M rows of stride `n` with R writable values each, owned by the caller.
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
     unsafe fn tile512<const M: usize, const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
@@ -262,6 +250,8 @@ mod x86 {
     /// vectors of a slice fill its 16 registers.
     const ROWS_256: usize = 3;
 
+    /// # Safety
+    /// The CPU has AVX2 and FMA; otherwise as [`super::matmul`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn matmul_avx2(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
         let (k, n) = (w.cols, w.rows);
@@ -276,6 +266,9 @@ mod x86 {
     }
 
     /// As `tile512`, eight lanes at a time over the 16-value slices, scalar tail.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; otherwise as `tile512`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn tile256<const M: usize, const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
@@ -323,10 +316,12 @@ mod tests {
         (0..len).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()
     }
 
-    type Kernel = fn(&[f32], usize, &Packed, OutPtr, Range<usize>);
+    type Kernel = fn(&[f32], usize, &Packed, OutPtr<'_>, Range<usize>);
 
     fn kernels() -> Vec<(&'static str, Kernel)> {
-        let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", matmul_portable), ("dispatch", matmul)];
+        // SAFETY (all of these): the CPU has the features, and the tests call each kernel on
+        // one thread at a time with fitting sizes.
+        let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", |x, m, w, o, c| unsafe { matmul_portable(x, m, w, o, c) }), ("dispatch", |x, m, w, o, c| unsafe { matmul(x, m, w, o, c) })];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
