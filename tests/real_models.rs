@@ -56,18 +56,23 @@ fn smollm2_multi_token_forward_equals_sequential() -> Result<()> {
 
 #[test]
 fn truncate_then_forward_equals_a_fresh_run() -> Result<()> {
-    for name in [STORIES, SMOLLM2] {
-        let Some((w, tok)) = load(name, WeightFormat::F32) else { continue };
-        let ids = prompt_ids(&tok, "The cat sat on the mat. The dog");
-        let mut model = Llama::new(w.clone())?;
-        model.forward(&ids, 0)?;
-        model.forward(&[5, 6, 7, 8], 4)?; // a rejected draft
-        model.truncate(ids.len())?;
-        let resumed = model.forward(&[9, 10], 2)?;
-        let mut fresh = Llama::new(w)?;
-        fresh.forward(&ids, 0)?;
-        let expected = fresh.forward(&[9, 10], 2)?;
-        assert!(rel_diff(resumed.as_slice(), expected.as_slice()) <= 1e-5, "{name}");
+    // The backends share one roll-back contract: both engines, f32 and quantized weights.
+    for (name, format) in [(STORIES, WeightFormat::F32), (SMOLLM2, WeightFormat::F32), (SMOLLM2, WeightFormat::Stored)] {
+        let Some(path) = model_path(name) else { continue };
+        for engine in [specdec::Engine::Native, specdec::Engine::Candle] {
+            let (w, tok) = ModelFiles::Gguf(path.clone()).load_with(format, &device(), engine)?;
+            let ids = prompt_ids(&tok, "The cat sat on the mat. The dog");
+            let mut model = Llama::new(w.clone())?;
+            model.forward(&ids, 0)?;
+            model.forward(&[5, 6, 7, 8], 4)?; // a rejected draft
+            model.truncate(ids.len())?;
+            assert!(model.forward(&[9, w.config().vocab_size as u32], 1).is_err(), "a bad token fails");
+            let resumed = model.forward(&[9, 10], 2)?;
+            let mut fresh = Llama::new(w)?;
+            fresh.forward(&ids, 0)?;
+            let expected = fresh.forward(&[9, 10], 2)?;
+            assert!(rel_diff(resumed.as_slice(), expected.as_slice()) <= 1e-5, "{name} {format} {engine:?}");
+        }
     }
     Ok(())
 }
