@@ -15,9 +15,13 @@ macro_rules! multiversion {
             fn body($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU has AVX-512 F and FMA.
                 #[target_feature(enable = "avx512f,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512($($arg: $ty),*) { body($($arg),*) }
+                /// # Safety
+                /// The CPU has AVX2 and FMA.
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) { body($($arg),*) }

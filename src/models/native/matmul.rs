@@ -325,9 +325,11 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has the features (checked just above).
                 ks.push(("avx512", |x, m, w, o, c| unsafe { x86::matmul_avx512(x, m, w, o, c) }));
             }
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has the features (checked just above).
                 ks.push(("avx2", |x, m, w, o, c| unsafe { x86::matmul_avx2(x, m, w, o, c) }));
             }
         }

@@ -129,12 +129,15 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if Level::Avx2.available() {
+                // SAFETY: the CPU has the features (checked just above).
                 ks.push(("avx2", |a, w, o, c| unsafe { avx2::qmatmul_avx2(a, w, o, c) }));
             }
             if Level::AvxVnni.available() {
+                // SAFETY: the CPU has the features (checked just above).
                 ks.push(("avxvnni", |a, w, o, c| unsafe { avx2::qmatmul_avxvnni(a, w, o, c) }));
             }
             if Level::Avx512Vnni.available() {
+                // SAFETY: the CPU has the features (checked just above).
                 ks.push(("avx512vnni", |a, w, o, c| unsafe { avx512::qmatmul_vnni(a, w, o, c) }));
             }
         }
