@@ -3,7 +3,7 @@
 //! equals p, and the acceptance probability equals Σ min(p, q).
 
 use proptest::prelude::*;
-use specdec::kernel::{accept_probability, acceptance_rate, emission_probabilities, DraftRow};
+use specdec::kernel::{accept_probability, acceptance_rate, emission_probabilities, tree_emission_probabilities, DraftRow};
 
 /// A probability row over `n` tokens with some exact zeros, unnormalized.
 fn row(n: usize) -> impl Strategy<Value = Vec<f32>> {
@@ -61,5 +61,25 @@ proptest! {
             prop_assert!((e - target).abs() <= 1e-9);
         }
         prop_assert!((accept_probability(&p, DraftRow::Point, t) - normalized(&p)[t as usize]).abs() <= 1e-9);
+    }
+
+    /// At a tree node, children tried in order (sampled ones from their own rows, point masses,
+    /// repeats included) emit the target's row first, whatever the rows.
+    #[test]
+    fn tree_node_emission_equals_target(
+        (p, qs, tokens, dense) in (2usize..=32).prop_flat_map(|n| (
+            row(n),
+            prop::collection::vec(row(n), 1..=5),
+            prop::collection::vec(0..n as u32, 5),
+            prop::collection::vec(any::<bool>(), 5),
+        ))
+    ) {
+        let children: Vec<(u32, DraftRow)> = qs.iter().zip(&tokens).zip(&dense)
+            .map(|((q, &t), &d)| (t, if d { DraftRow::Dense(q) } else { DraftRow::Point }))
+            .collect();
+        let emitted = tree_emission_probabilities(&p, &children).expect("p has mass");
+        for (e, t) in emitted.iter().zip(normalized(&p)) {
+            prop_assert!((e - t).abs() <= 1e-9, "emitted {e} target {t}");
+        }
     }
 }

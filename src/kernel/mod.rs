@@ -6,6 +6,8 @@
 //! position is then distributed exactly as `p` (Leviathan et al. 2023, Chen et al. 2023):
 //! `P(emit t) = min(p(t), q(t)) + max(0, p(t) - q(t)) = p(t)`.
 //!
+//! [`verify_tree`] applies the same rule to a tree of drafts (see the `tree` module's proof).
+//!
 //! Everything here is pure: slices in, a decision out, the random number generator passed in.
 //! Rows need not be normalized: `p` and `q` are divided by their own sums (taken in f64), so the
 //! identity above holds to f64 rounding whatever the f32 rows sum to.
@@ -14,6 +16,10 @@ use rand::{Rng, RngExt};
 
 use crate::error::{Error, Result};
 use crate::sampling::sample_weighted;
+
+mod tree;
+
+pub use tree::{children, tree_emission_probabilities, verify_tree, verify_tree_greedy, TreeNode, TreeVerdict};
 
 /// The draft's distribution at one position.
 #[derive(Debug, Clone, Copy)]
