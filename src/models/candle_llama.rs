@@ -5,9 +5,9 @@
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine};
+use crate::models::engine::{Backend, Engine, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
@@ -84,15 +84,40 @@ impl Backend for CandleWeights {
     }
 
     fn forward(&self, c: &LlamaConfig, caches: &mut Vec<KvCache>, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+        self.run(c, caches, layers, pos, tokens, rows, None)
+    }
+
+    fn forward_tree(&self, c: &LlamaConfig, caches: &mut Vec<KvCache>, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>> {
+        if tree.len() != tokens.len() {
+            return Err(Error::setting("tree size", tree.len(), "one entry per token"));
+        }
+        self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree))
+    }
+
+    fn keep_path(&self, _: &LlamaConfig, caches: &mut Vec<KvCache>, pos: usize, path: &[usize]) -> Result<()> {
+        caches.iter_mut().try_for_each(|k| k.keep(pos, path))
+    }
+}
+
+impl CandleWeights {
+    /// The forward pass of a chain (`tree` is `None`) or a tree (see [`Backend::forward_tree`]).
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, c: &LlamaConfig, caches: &mut [KvCache], layers: &[usize], pos: usize, tokens: &[u32], rows: usize, tree: Option<&TreeShape>) -> Result<Vec<f32>> {
         // The roll-back contract: positions from `pos` on are forgotten (a failed call may
         // have left some layers longer than others).
         caches.iter_mut().for_each(|k| k.truncate(pos));
         let n = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        let cos = self.cos.narrow(0, pos, n)?;
-        let sin = self.sin.narrow(0, pos, n)?;
-        let mask = causal_mask(n, pos, &self.device)?;
+        let (cos, sin) = match tree {
+            None => (self.cos.narrow(0, pos, n)?, self.sin.narrow(0, pos, n)?),
+            Some(t) => {
+                let at: Vec<u32> = (0..n).map(|i| (pos + t.depth(i)) as u32).collect();
+                let at = Tensor::new(at, &self.device)?;
+                (self.cos.index_select(&at, 0)?, self.sin.index_select(&at, 0)?)
+            }
+        };
+        let mask = attention_mask(n, pos, tree, &self.device)?;
         let eps = c.rms_norm_eps as f32;
         for (cache, &l) in caches.iter_mut().zip(layers) {
             let b = &self.blocks[l];
@@ -137,12 +162,14 @@ fn attention(c: &LlamaConfig, b: &Block, h: &Tensor, cos: &Tensor, sin: &Tensor,
     Ok(out.reshape((c.num_heads, n, hd))?.transpose(0, 1)?.reshape((n, c.num_heads * hd))?)
 }
 
-/// (n, pos + n) additive mask: new position i sees cached and new positions up to pos + i.
-fn causal_mask(n: usize, pos: usize, device: &Device) -> Result<Option<Tensor>> {
+/// (n, pos + n) additive mask: new token i sees the cached positions and, of the new ones,
+/// those up to itself (a chain) or its ancestors and itself (a tree).
+fn attention_mask(n: usize, pos: usize, tree: Option<&TreeShape>, device: &Device) -> Result<Option<Tensor>> {
     if n == 1 {
         return Ok(None);
     }
     let total = pos + n;
-    let data: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    let sees = |i: usize, j: usize| j <= i && tree.is_none_or(|t| t.sees(i)[j]);
+    let data: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if j < pos || sees(i, j - pos) { 0.0 } else { f32::NEG_INFINITY })).collect();
     Ok(Some(Tensor::from_vec(data, (n, total), device)?))
 }

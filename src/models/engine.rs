@@ -5,7 +5,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
 
 /// Which implementation computes the forward pass.
@@ -33,8 +33,9 @@ pub enum Engine {
 /// therefore nothing but passing `pos = len` next time, and a call that failed part-way leaves
 /// nothing that a later call at the same `pos` would see.
 ///
-/// Tree verification and batches will add methods beside `forward` (positions with a parent
-/// list as the attention mask; several caches in one call); a chain stays this method.
+/// A tree of drafts is scored by [`forward_tree`](Backend::forward_tree) (positions by depth,
+/// a mask from the parent list) and its accepted path kept by
+/// [`keep_path`](Backend::keep_path); batches will add a method for several caches in one call.
 pub trait Backend: Debug + Send + Sync + 'static {
     /// The KV cache of one model instance.
     type Cache: Debug + Send;
@@ -56,6 +57,24 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// # Errors
     /// Backend failures.
     fn forward(&self, c: &LlamaConfig, cache: &mut Self::Cache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>>;
+
+    /// Scores a tree in one call: token 0 (the pending token) at position `pos`, token `i` at
+    /// `pos + tree.depth(i)`, each attending to the cache's first `pos` positions and to its own
+    /// ancestors in the tree (itself included). Token `i`'s keys and values go to cache slot
+    /// `pos + i`; one logits row per token comes back.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn forward_tree(&self, c: &LlamaConfig, cache: &mut Self::Cache, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>>;
+
+    /// After a tree call at `pos`: moves the keys and values of the tokens `path` (indices into
+    /// that call's tokens, root first, each the parent of the next) to slots `pos`, `pos + 1`,
+    /// …, so that the cache holds the accepted path as if it had been fed as a chain. Their
+    /// positions already are `pos + depth`, so nothing is recomputed.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn keep_path(&self, c: &LlamaConfig, cache: &mut Self::Cache, pos: usize, path: &[usize]) -> Result<()>;
 
     /// Bytes of weights one token's forward pass streams, where the backend knows it.
     fn bytes_per_token(&self) -> Option<usize> {
@@ -94,6 +113,12 @@ impl<B: Backend> AnyBackend for B {
 pub(crate) trait Instance: Debug + Send {
     /// As [`Backend::forward`] on the bound cache.
     fn forward(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>>;
+
+    /// As [`Backend::forward_tree`] on the bound cache.
+    fn forward_tree(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>>;
+
+    /// As [`Backend::keep_path`] on the bound cache.
+    fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()>;
 }
 
 #[derive(Debug)]
@@ -105,5 +130,68 @@ struct Bound<B: Backend> {
 impl<B: Backend> Instance for Bound<B> {
     fn forward(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
         self.backend.forward(c, &mut self.cache, layers, pos, tokens, rows)
+    }
+
+    fn forward_tree(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>> {
+        self.backend.forward_tree(c, &mut self.cache, layers, pos, tokens, tree)
+    }
+
+    fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()> {
+        self.backend.keep_path(c, &mut self.cache, pos, path)
+    }
+}
+
+/// The shape of a tree call: each token's depth below the root (token 0) and which tokens of
+/// the call it sees (its ancestors and itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeShape {
+    depth: Vec<usize>,
+    /// `sees[i][j]` for `j <= i`: token `j` is token `i` or one of its ancestors.
+    sees: Vec<Vec<bool>>,
+}
+
+impl TreeShape {
+    /// The tree whose token `i` (for `i >= 1`) hangs under token `parents[i - 1]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when a parent is not an earlier token.
+    pub fn new(parents: &[usize]) -> Result<Self> {
+        let (mut depth, mut sees) = (vec![0], vec![vec![true]]);
+        for (i, &p) in parents.iter().enumerate().map(|(i, p)| (i + 1, p)) {
+            if p >= i {
+                return Err(Error::setting("tree parent", p, "the index of an earlier token"));
+            }
+            depth.push(depth[p] + 1);
+            let mut row = sees[p].clone();
+            row.resize(i, false);
+            row.push(true);
+            sees.push(row);
+        }
+        Ok(Self { depth, sees })
+    }
+
+    /// Tokens in the tree, the root included.
+    pub fn len(&self) -> usize {
+        self.depth.len()
+    }
+
+    /// Always false: the root is a token.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Token `i`'s depth (the root's is 0).
+    pub fn depth(&self, i: usize) -> usize {
+        self.depth[i]
+    }
+
+    /// Which tokens `0..=i` token `i` sees.
+    pub fn sees(&self, i: usize) -> &[bool] {
+        &self.sees[i]
+    }
+
+    /// True when every token follows the one before (a plain block).
+    pub fn is_chain(&self) -> bool {
+        self.depth.iter().enumerate().all(|(i, &d)| i == d)
     }
 }

@@ -2,7 +2,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Keys and values of shape (kv_heads, capacity, head_dim); the first `len` positions are live.
 /// Appending writes in place; truncating only moves `len`, so a rejected draft costs nothing to
@@ -57,6 +57,25 @@ impl KvCache {
         self.v.slice_set(v, 1, self.len)?;
         self.len += n;
         Ok((self.k.narrow(1, 0, self.len)?, self.v.narrow(1, 0, self.len)?))
+    }
+}
+
+impl KvCache {
+    /// Keeps the positions `pos + path[j]` at `pos + j` (a tree's accepted path, see
+    /// [`crate::models::Backend::keep_path`]) and forgets the rest from `pos + path.len()` on.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for a path outside the live positions; backend failures.
+    pub fn keep(&mut self, pos: usize, path: &[usize]) -> Result<()> {
+        if path.iter().any(|&t| pos + t >= self.len) {
+            return Err(Error::setting("kept path", format!("{path:?}"), "tokens of the last tree call"));
+        }
+        let at = Tensor::new(path.iter().map(|&t| (pos + t) as u32).collect::<Vec<u32>>(), self.k.device())?;
+        let (k, v) = (self.k.index_select(&at, 1)?, self.v.index_select(&at, 1)?);
+        self.k.slice_set(&k, 1, pos)?;
+        self.v.slice_set(&v, 1, pos)?;
+        self.len = pos + path.len();
+        Ok(())
     }
 }
 

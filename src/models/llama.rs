@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::{Logits, TargetModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, Engine, Instance};
+use crate::models::engine::{AnyBackend, Backend, Engine, Instance, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::native::NativeWeights;
 use crate::models::tensors::TensorSource;
@@ -81,6 +81,8 @@ pub struct Llama {
     layers: Vec<usize>,
     instance: Box<dyn Instance>,
     len: usize,
+    /// The last call's tree, while its path may still be kept.
+    tree: Option<TreeShape>,
 }
 
 impl Llama {
@@ -104,7 +106,7 @@ impl Llama {
             return Err(Error::setting("layers", format!("{layers:?}"), "a non-empty list of block indices below num_layers"));
         }
         let instance = Arc::clone(&weights.backend).instance(c, layers.len())?;
-        Ok(Self { weights, layers, instance, len: 0 })
+        Ok(Self { weights, layers, instance, len: 0, tree: None })
     }
 
     /// The shared weights.
@@ -138,6 +140,56 @@ impl Llama {
             return Err(Error::BadTruncate { len: self.len, to: len });
         }
         self.len = len;
+        self.tree = None;
+        Ok(())
+    }
+
+    /// Scores a tree of tokens after the context in one call: `tokens[0]` follows the context,
+    /// and `tokens[i]` (i ≥ 1) follows `tokens[tree parent]`, seeing only its ancestors. Returns
+    /// one logits row per token. The context does not grow until [`Llama::keep_path`] keeps a
+    /// path (or any other call forgets the tree).
+    ///
+    /// # Errors
+    /// Out-of-vocabulary tokens, a tree that does not fit the tokens or the context, backend
+    /// failures.
+    pub fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {
+        self.tree = None;
+        let c = &self.weights.config;
+        self.check_tokens(tokens)?;
+        if tree.len() != tokens.len() {
+            return Err(Error::setting("tree size", tree.len(), "one entry per token"));
+        }
+        let data = self.instance.forward_tree(c, &self.layers, self.len, tokens, tree)?;
+        self.tree = Some(tree.clone());
+        Logits::new(data, c.vocab_size)
+    }
+
+    /// Keeps the path `path` of the last tree (indices into its tokens: 0, then each a child
+    /// of the one before) as the continuation of the context.
+    ///
+    /// # Errors
+    /// [`Error::NotReady`] without a tree call just before; [`Error::InvalidSetting`] for a
+    /// list that is not a root path of that tree.
+    pub fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let tree = self.tree.take().ok_or(Error::NotReady("keep_path needs a forward_tree call just before"))?;
+        let is_path = path.iter().enumerate().all(|(j, &t)| t < tree.len() && tree.depth(t) == j && (j == 0 || (path[j - 1] < t && tree.sees(t)[path[j - 1]])));
+        if path.is_empty() || !is_path {
+            return Err(Error::setting("kept path", format!("{path:?}"), "a path from the tree's root"));
+        }
+        self.instance.keep_path(&self.weights.config, self.len, path)?;
+        self.len += path.len();
+        Ok(())
+    }
+
+    /// Checks tokens against the vocabulary and the room left in the context.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let c = &self.weights.config;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::TokenOutOfRange { token, vocab: c.vocab_size });
+        }
+        if self.len + tokens.len() > c.max_context {
+            return Err(Error::ContextTooLong { len: self.len + tokens.len(), max: c.max_context });
+        }
         Ok(())
     }
 }
@@ -152,15 +204,11 @@ impl TargetModel for Llama {
     }
 
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.tree = None;
         let c = &self.weights.config;
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::TokenOutOfRange { token, vocab: c.vocab_size });
-        }
+        self.check_tokens(tokens)?;
         if rows > tokens.len() {
             return Err(Error::setting("rows", rows, "at most the number of tokens fed"));
-        }
-        if self.len + tokens.len() > c.max_context {
-            return Err(Error::ContextTooLong { len: self.len + tokens.len(), max: c.max_context });
         }
         if tokens.is_empty() {
             return Logits::new(Vec::new(), c.vocab_size);

@@ -29,11 +29,18 @@ pub fn store_key(blocks: &mut Vec<f32>, hd: usize, pos: usize, key: &[f32]) {
     }
 }
 
+/// The key of position `pos` from `blocks` (see [`store_key`]).
+pub fn load_key(blocks: &[f32], hd: usize, pos: usize) -> Vec<f32> {
+    let (block, lane) = (pos / BLOCK, pos % BLOCK);
+    (0..hd).map(|d| blocks[block * hd * BLOCK + d * BLOCK + lane]).collect()
+}
+
 multiversion! {
     /// Attention for query head `h` of a new row that sees the first `visible` positions:
     /// softmax of `q · k_t / sqrt(hd)`, times the values. `keys` are the blocks of this head's
-    /// key/value head (see [`store_key`]); `scores` is scratch space.
-    pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    /// key/value head (see [`store_key`]); `scores` is scratch space. A non-empty `sees` masks
+    /// the last `sees.len()` of those positions (a tree's tokens: only ancestors are seen).
+    pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, sees: &[bool], h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
         let hd = s.head_dim;
         let kvh = h / (s.heads / s.kv_heads);
         let stride = s.kv_heads * hd;
@@ -52,11 +59,20 @@ multiversion! {
             scores.extend(acc.iter().map(|a| a * scale));
         }
         scores.truncate(visible);
+        let hidden = visible - sees.len();
+        for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
+            *sc = f32::NEG_INFINITY;
+        }
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut total = 0.0;
         for sc in scores.iter_mut() {
             *sc = crate::math::exp(*sc - max);
             total += *sc;
+        }
+        // `exp` saturates at e^-87 rather than 0: masked positions get exactly 0.
+        for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
+            total -= *sc;
+            *sc = 0.0;
         }
         let (inv, offset) = (1.0 / total, kvh * hd);
         match hd {

@@ -7,9 +7,9 @@
 
 use candle_core::Device;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine};
+use crate::models::engine::{Backend, Engine, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
 use crate::models::native::attention::{self, Shape};
@@ -211,6 +211,41 @@ impl Backend for NativeWeights {
     /// Writing at `pos` overwrites the cache from there: values are cut to `pos` positions
     /// before the new ones are appended, and keys are stored at their positions.
     fn forward(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+        self.run(c, cache, layers, pos, tokens, rows, None)
+    }
+
+    fn forward_tree(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>> {
+        if tree.len() != tokens.len() {
+            return Err(Error::setting("tree size", tree.len(), "one entry per token"));
+        }
+        self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree))
+    }
+
+    fn keep_path(&self, c: &LlamaConfig, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {
+        let (hd, kv_out) = (c.head_dim, c.num_kv_heads * c.head_dim);
+        for kv in &mut cache.layers {
+            // `path` rises (ancestors come first), so slot `pos + j` is never a later source.
+            for (j, &t) in path.iter().enumerate().filter(|(j, t)| j != *t) {
+                let (from, to) = (pos + t, pos + j);
+                if (from + 1) * kv_out > kv.values.len() {
+                    return Err(Error::setting("kept path", t, "a token of the last tree call"));
+                }
+                kv.values.copy_within(from * kv_out..(from + 1) * kv_out, to * kv_out);
+                for blocks in &mut kv.keys {
+                    let key = attention::load_key(blocks, hd, from);
+                    attention::store_key(blocks, hd, to, &key);
+                }
+            }
+            kv.values.truncate((pos + path.len()) * kv_out);
+        }
+        Ok(())
+    }
+}
+
+impl NativeWeights {
+    /// The forward pass of a chain (`tree` is `None`: token i at `pos + i`, causal) or a tree.
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize, tree: Option<&TreeShape>) -> Result<Vec<f32>> {
         let n = tokens.len();
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
@@ -222,7 +257,12 @@ impl Backend for NativeWeights {
             self.embed.row_into(t as usize, &mut s.x);
         }
         let half = hd / 2;
-        let (cos, sin) = (&self.cos[pos * half..(pos + n) * half], &self.sin[pos * half..(pos + n) * half]);
+        // Rotation angles per token: position pos + i along a chain, pos + depth in a tree.
+        let angles = |table: &[f32]| -> Vec<f32> {
+            (0..n).flat_map(|i| &table[(pos + tree.map_or(i, |t| t.depth(i))) * half..][..half]).copied().collect()
+        };
+        let (cos, sin) = (angles(&self.cos), angles(&self.sin));
+        let (cos, sin) = (&cos[..], &sin[..]);
         for (slot, &l) in layers.iter().enumerate() {
             let b = &self.blocks[l];
             s.xb.resize(n * h, 0.0);
@@ -246,7 +286,7 @@ impl Backend for NativeWeights {
                     attention::store_key(blocks, hd, pos + i, &row[h * hd..(h + 1) * hd]);
                 }
             }
-            attend(shape, &s.q, &kv.keys, &kv.values, pos, n, &mut s.att);
+            attend(shape, &s.q, &kv.keys, &kv.values, pos, n, tree, &mut s.att);
             b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
             s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
             attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
@@ -270,7 +310,8 @@ impl Backend for NativeWeights {
 
 /// Attention of `n` new rows at `pos` over the cache, the (row, head) pairs shared out over
 /// the thread team; `out` is resized to n × heads·hd.
-fn attend(s: Shape, q: &[f32], keys: &[Vec<f32>], values: &[f32], pos: usize, n: usize, out: &mut Vec<f32>) {
+#[allow(clippy::too_many_arguments)]
+fn attend(s: Shape, q: &[f32], keys: &[Vec<f32>], values: &[f32], pos: usize, n: usize, tree: Option<&TreeShape>, out: &mut Vec<f32>) {
     let hd = s.head_dim;
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);
@@ -282,7 +323,8 @@ fn attend(s: Shape, q: &[f32], keys: &[Vec<f32>], values: &[f32], pos: usize, n:
             // SAFETY: each (row, head) item owns its own hd-wide slot of `out`.
             let slot = unsafe { dst.slice(item * hd, hd) };
             let kv_head = h / (s.heads / s.kv_heads);
-            attention::head(s, qv, &keys[kv_head], values, pos + i + 1, h, &mut scores, slot);
+            let sees = tree.map_or(&[][..], |t| t.sees(i));
+            attention::head(s, qv, &keys[kv_head], values, pos + i + 1, sees, h, &mut scores, slot);
         }
     });
 }
