@@ -51,6 +51,10 @@ struct Args {
     /// |Δlogit|, argmax agreement, 1-token and 5-token forward times), comma-separated.
     #[arg(long, default_value = "f32,stored,q8_0,q4_0,q4_1,q4k")]
     formats: String,
+    /// Also print T(m)/T(1), the cost of scoring m rows in one forward pass at context 100,
+    /// for m = 1..=64 (what trees and batches spend), then stop.
+    #[arg(long)]
+    rows_curve: bool,
     /// End with one JSON line.
     #[arg(long)]
     json: bool,
@@ -90,6 +94,9 @@ fn main() -> Result<()> {
     stop.extend(tok.end_of_turn_ids());
     if args.ignore_eos {
         stop.clear();
+    }
+    if args.rows_curve {
+        return rows_curve(&target, &files.load(WeightFormat::Stored, &device)?.0);
     }
     let v_f32 = verify_ratio(&target)?;
     let quant = files.load(WeightFormat::Stored, &device)?.0;
@@ -216,6 +223,18 @@ fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
         None => PROMPTS.iter().map(|s| s.to_string()).collect(),
     };
     texts.iter().map(|t| Ok(tok.encode(&if args.chat { tok.chat_prompt(t) } else { t.clone() })?)).collect()
+}
+
+/// T(m) in milliseconds and T(m)/T(1) for the f32 target and its stored weights.
+fn rows_curve(f32_weights: &Arc<LlamaWeights>, stored: &Arc<LlamaWeights>) -> Result<()> {
+    println!("{}", specdec::cpu::kernels());
+    println!("{:>4} {:>10} {:>8} {:>12} {:>8}", "m", "f32 ms", "T(m)/T1", "stored ms", "T(m)/T1");
+    let (one_f, one_s) = (forward_ms(f32_weights, 1)?, forward_ms(stored, 1)?);
+    for m in [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64] {
+        let (f, q) = (forward_ms(f32_weights, m)?, forward_ms(stored, m)?);
+        println!("{m:>4} {f:>10.2} {:>8.2} {q:>12.2} {:>8.2}", f / one_f, q / one_s);
+    }
+    Ok(())
 }
 
 /// T(5-token forward) / T(1-token forward) at context 100, all logits rows.
