@@ -217,60 +217,47 @@ fn a_cheap_draft_is_never_stopped_and_a_good_one_drafts_long_at_once() -> Result
     Ok(())
 }
 
-/// A toy target made expensive by busy work (a fixed part and a little per row), so that its
-/// draft costs a few percent of it, as a small model beside a large one does; the adaptive
-/// controller then drafts long blocks instead of settling on plain decoding.
+/// A toy model made expensive by busy work: `fixed` steps per call plus `per_row` per logits
+/// row. As a target (a few thousand steps) its draft costs a few percent of it, as a small
+/// model beside a large one does; as a draft (a million steps) it costs hundreds of toy target
+/// calls, as a draft on a slow path (a CPU without fast kernels for its format) can.
 #[derive(Clone)]
-struct Costly(MarkovModel);
-
-impl TargetModel for Costly {
-    fn vocab_size(&self) -> usize {
-        self.0.vocab()
-    }
-
-    fn context_len(&self) -> usize {
-        self.0.context_len()
-    }
-
-    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        let mut x = 0u64;
-        for i in 0..2_000 + 200 * rows as u64 {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
-        }
-        std::hint::black_box(x);
-        self.0.forward(tokens, rows)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        self.0.truncate(len)
-    }
+struct Busy {
+    model: MarkovModel,
+    fixed: u64,
+    per_row: u64,
 }
 
-/// A toy draft made hundreds of times as expensive as its toy target by busy work, as a draft
-/// on a slow path (a CPU without fast kernels for its format) can be, several target steps.
-#[derive(Clone)]
-struct Slow(MarkovModel);
+/// A costly target: its drafts are cheap beside it.
+fn costly(model: MarkovModel) -> Busy {
+    Busy { model, fixed: 2_000, per_row: 200 }
+}
 
-impl TargetModel for Slow {
+/// A draft far slower than its toy target.
+fn slow(model: MarkovModel) -> Busy {
+    Busy { model, fixed: 1_000_000, per_row: 0 }
+}
+
+impl TargetModel for Busy {
     fn vocab_size(&self) -> usize {
-        self.0.vocab()
+        self.model.vocab()
     }
 
     fn context_len(&self) -> usize {
-        self.0.context_len()
+        self.model.context_len()
     }
 
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         let mut x = 0u64;
-        for i in 0..1_000_000 {
+        for i in 0..self.fixed + self.per_row * rows as u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
         std::hint::black_box(x);
-        self.0.forward(tokens, rows)
+        self.model.forward(tokens, rows)
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        self.0.truncate(len)
+        self.model.truncate(len)
     }
 }
 
@@ -281,7 +268,7 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     let target = MarkovModel::random(16, 1, 5);
     let prompt = [1, 2, 3];
     let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(200).generate(&prompt)?;
-    let mut dec = SpeculativeDecoder::builder(Slow(target.noisy_copy(0.1, 6)), target).max_new_tokens(200).build()?;
+    let mut dec = SpeculativeDecoder::builder(slow(target.noisy_copy(0.1, 6)), target).max_new_tokens(200).build()?;
     let mut drafted = 0;
     for _ in 0..20 {
         let out = dec.generate(&prompt)?;
@@ -317,7 +304,7 @@ fn greedy_with_a_k_policy_equals_plain_greedy() -> Result<()> {
                 .k_policy(policy)
                 .max_new_tokens(80)
                 .build()?;
-            let mut costly = SpeculativeDecoder::builder(draft.clone(), Costly(target.clone()))
+            let mut costly = SpeculativeDecoder::builder(draft.clone(), costly(target.clone()))
                 .k_policy(policy)
                 .max_new_tokens(80)
                 .build()?;
@@ -363,7 +350,7 @@ fn sequences_with_adaptive_k_follow_the_target() -> Result<()> {
     // mostly decodes plainly and probes; with the costly one it drafts long blocks.
     let target = MarkovModel::random(6, 2, 21);
     check_adaptive("toy target", target.clone(), &target)?;
-    check_adaptive("costly target", Costly(target.clone()), &target)
+    check_adaptive("costly target", costly(target.clone()), &target)
 }
 
 #[test]

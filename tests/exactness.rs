@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row};
+use common::{assert_fits, assert_rejects, cell, settings, check_windows, exact_window, processed_row};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
@@ -83,14 +83,6 @@ fn single_step_power_mismatched_draft_processing_is_rejected() -> Result<()> {
     Ok(())
 }
 
-fn settings() -> Result<Vec<(&'static str, SamplingConfig)>> {
-    Ok(vec![
-        ("temperature 1", SamplingConfig::new(1.0)?),
-        ("temperature 0.7", SamplingConfig::new(0.7)?),
-        ("top-k 3", SamplingConfig::new(1.0)?.with_top_k(3)?),
-        ("top-p 0.8", SamplingConfig::new(1.0)?.with_top_p(0.8)?),
-    ])
-}
 
 const VOCAB: usize = 6;
 const PROMPT: [u32; 3] = [2, 0, 5];

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, exact_window, processed_row};
+use common::{assert_fits, assert_rejects, cell, settings, exact_window, processed_row};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use specdec::kernel::{self, DraftRow, TreeNode, TreeVerdict};
@@ -138,14 +138,6 @@ fn counts(target: &MarkovModel, draft: &MarkovModel, cfg: &SamplingConfig, how: 
     Ok((counts, accepted))
 }
 
-fn settings() -> Result<Vec<(&'static str, SamplingConfig)>> {
-    Ok(vec![
-        ("temperature 1", SamplingConfig::new(1.0)?),
-        ("temperature 0.7", SamplingConfig::new(0.7)?),
-        ("top-k 3", SamplingConfig::new(1.0)?.with_top_k(3)?),
-        ("top-p 0.8", SamplingConfig::new(1.0)?.with_top_p(0.8)?),
-    ])
-}
 
 fn pair() -> (MarkovModel, MarkovModel) {
     let target = MarkovModel::random(VOCAB, 2, 51);

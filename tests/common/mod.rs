@@ -163,3 +163,13 @@ pub fn check_windows<D: DraftModel, T: TargetModel>(
 }
 
 pub mod models;
+
+/// The sampling settings every statistical test covers.
+pub fn settings() -> specdec::Result<Vec<(&'static str, SamplingConfig)>> {
+    Ok(vec![
+        ("temperature 1", SamplingConfig::new(1.0)?),
+        ("temperature 0.7", SamplingConfig::new(0.7)?),
+        ("top-k 3", SamplingConfig::new(1.0)?.with_top_k(3)?),
+        ("top-p 0.8", SamplingConfig::new(1.0)?.with_top_p(0.8)?),
+    ])
+}
