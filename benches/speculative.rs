@@ -17,7 +17,9 @@ use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow};
 use specdec::models::native::matmul::{matmul_parallel, Packed};
 use specdec::toy::MarkovModel;
-use specdec::{Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat};
+use specdec::{
+    Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat,
+};
 
 const VOCAB: usize = 49_152;
 
@@ -39,10 +41,24 @@ fn kernel_rows(c: &mut Criterion) {
     g.bench_function("judge", |b| b.iter(|| kernel::judge(&p[0], DraftRow::Dense(&q[0]), 7, &mut rng)));
     g.bench_function("verify_block_k4", |b| {
         let rows: Vec<DraftRow> = q.iter().map(|r| DraftRow::Dense(r)).collect();
-        b.iter(|| kernel::verify_block(&[1, 2, 3, 4], &rows, |i, buf| { buf.clear(); buf.extend_from_slice(&p[i]); Ok(()) }, &mut rng))
+        b.iter(|| {
+            kernel::verify_block(
+                &[1, 2, 3, 4],
+                &rows,
+                |i, buf| {
+                    buf.clear();
+                    buf.extend_from_slice(&p[i]);
+                    Ok(())
+                },
+                &mut rng,
+            )
+        })
     });
     let mut out = Vec::new();
-    for (name, cfg) in [("probs_t0.8", SamplingConfig::new(0.8).ok()), ("probs_top_p0.95", SamplingConfig::new(0.8).and_then(|c| c.with_top_p(0.95)).ok())] {
+    for (name, cfg) in [
+        ("probs_t0.8", SamplingConfig::new(0.8).ok()),
+        ("probs_top_p0.95", SamplingConfig::new(0.8).and_then(|c| c.with_top_p(0.95)).ok()),
+    ] {
         let Some(cfg) = cfg else { continue };
         g.bench_function(name, |b| b.iter(|| cfg.probs(black_box(&logits), &mut out)));
     }
@@ -112,7 +128,14 @@ fn generation(c: &mut Criterion) {
         b.iter(|| dec.generate(&[1, 2, 3]))
     });
     for k in 2..=6 {
-        let Ok(mut dec) = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).sampling(sampling.clone()).max_new_tokens(128).build() else { continue };
+        let Ok(mut dec) = SpeculativeDecoder::builder(draft.clone(), target.clone())
+            .k(k)
+            .sampling(sampling.clone())
+            .max_new_tokens(128)
+            .build()
+        else {
+            continue;
+        };
         g.bench_function(format!("spec_k{k}"), |b| b.iter(|| dec.generate(&[1, 2, 3])));
     }
     g.finish();

@@ -18,7 +18,10 @@ use candle_core::Device;
 use clap::Parser;
 use serde_json::json;
 use specdec::sampling::argmax;
-use specdec::{device, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat};
+use specdec::{
+    device, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel,
+    WeightFormat,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -49,7 +52,11 @@ struct Args {
 const STORIES: &str = "tinyllamas-stories-260k-f32.gguf";
 
 fn default_model() -> Result<String> {
-    let dirs = [std::env::var_os("SPECDEC_MODELS").map(PathBuf::from), Some("models-cache".into()), Some("../shared/models".into())];
+    let dirs = [
+        std::env::var_os("SPECDEC_MODELS").map(PathBuf::from),
+        Some("models-cache".into()),
+        Some("../shared/models".into()),
+    ];
     let found = dirs.into_iter().flatten().map(|d| d.join(STORIES)).find(|p| p.is_file());
     let path = found.with_context(|| format!("{STORIES} not found: pass --model or set SPECDEC_MODELS"))?;
     Ok(path.to_string_lossy().into_owned())
@@ -168,7 +175,8 @@ fn main() -> Result<()> {
 }
 
 fn generate_plain(weights: &Arc<LlamaWeights>, prompt: &[u32], tokens: usize) -> Result<(Vec<u32>, f64)> {
-    let mut plain = PlainDecoder::new(Llama::new(Arc::clone(weights))?, SamplingConfig::greedy()).max_new_tokens(tokens);
+    let mut plain =
+        PlainDecoder::new(Llama::new(Arc::clone(weights))?, SamplingConfig::greedy()).max_new_tokens(tokens);
     let t = Instant::now();
     let out = plain.generate(prompt)?;
     Ok((out.tokens, t.elapsed().as_secs_f64()))

@@ -13,7 +13,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
-use specdec::{Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TextStream, Tokenizer, WeightFormat};
+use specdec::{
+    Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder,
+    TextStream, Tokenizer, WeightFormat,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -88,7 +91,8 @@ fn main() -> Result<()> {
     let target_spec = args.target.clone().unwrap_or(default_target);
     let target_files = ModelFiles::resolve(&target_spec)?;
     let target_format: WeightFormat = args.target_format.parse()?;
-    let (target_w, tokenizer) = target_files.load(target_format, &device).with_context(|| format!("loading target {target_spec}"))?;
+    let (target_w, tokenizer) =
+        target_files.load(target_format, &device).with_context(|| format!("loading target {target_spec}"))?;
 
     let spec: DrafterSpec = match (&args.draft, &args.draft_quant) {
         (Some(path), _) => DrafterSpec::Model(Some(path.clone())),
@@ -96,7 +100,8 @@ fn main() -> Result<()> {
         (None, None) if args.drafter == "model" => DrafterSpec::Model(default_draft),
         _ => args.drafter.parse()?,
     };
-    let drafter = Drafter::build(&spec, &target_files, &target_w, &tokenizer, &device).with_context(|| format!("building drafter {spec}"))?;
+    let drafter = Drafter::build(&spec, &target_files, &target_w, &tokenizer, &device)
+        .with_context(|| format!("building drafter {spec}"))?;
     let draft_name = spec.to_string();
     let k_policy: KPolicy = args.k.parse()?;
 
@@ -116,7 +121,12 @@ fn main() -> Result<()> {
     let mut stop = target_w.config().eos_token_ids.clone();
     stop.extend(tokenizer.end_of_turn_ids());
 
-    eprintln!("target {} ({}), drafter {draft_name}, k {k_policy}, prompt {} tokens", target_files.name(), args.target_format, ids.len());
+    eprintln!(
+        "target {} ({}), drafter {draft_name}, k {k_policy}, prompt {} tokens",
+        target_files.name(),
+        args.target_format,
+        ids.len()
+    );
     eprintln!("{}", specdec::cpu::kernels());
     let mut spec = SpeculativeDecoder::builder(drafter, Llama::new(target_w.clone())?)
         .k_policy(k_policy)
@@ -124,7 +134,8 @@ fn main() -> Result<()> {
         .max_new_tokens(args.max_new_tokens)
         .stop_tokens(stop.clone())
         .build()?;
-    let mut plain = PlainDecoder::new(Llama::new(target_w)?, sampling).max_new_tokens(args.max_new_tokens).stop_tokens(stop);
+    let mut plain =
+        PlainDecoder::new(Llama::new(target_w)?, sampling).max_new_tokens(args.max_new_tokens).stop_tokens(stop);
     // One untimed run of each first, as benchmarks do: the weights and the thread team are
     // warm, and the adaptive k controller has measured this machine's costs (it keeps them
     // from one generation to the next, as it would over a session's requests).
@@ -136,7 +147,10 @@ fn main() -> Result<()> {
 }
 
 /// Runs a generation, printing its text as tokens are accepted.
-fn stream(tok: &Tokenizer, run: impl FnOnce(&mut dyn FnMut(&[u32])) -> specdec::Result<Generation>) -> Result<Generation> {
+fn stream(
+    tok: &Tokenizer,
+    run: impl FnOnce(&mut dyn FnMut(&[u32])) -> specdec::Result<Generation>,
+) -> Result<Generation> {
     let mut text = TextStream::new();
     let mut out = std::io::stdout();
     let result = run(&mut |tokens| {
@@ -149,7 +163,14 @@ fn stream(tok: &Tokenizer, run: impl FnOnce(&mut dyn FnMut(&[u32])) -> specdec::
     Ok(result?)
 }
 
-fn report(args: &Args, target: &str, draft: &str, tok: &Tokenizer, spec: &Generation, plain: &Generation) -> Result<()> {
+fn report(
+    args: &Args,
+    target: &str,
+    draft: &str,
+    tok: &Tokenizer,
+    spec: &Generation,
+    plain: &Generation,
+) -> Result<()> {
     let (s, p) = (&spec.stats, &plain.stats);
     let speedup = if p.tokens_per_sec() > 0.0 { s.tokens_per_sec() / p.tokens_per_sec() } else { 0.0 };
     let greedy_match = (args.temperature == 0.0).then(|| spec.tokens == plain.tokens);

@@ -40,7 +40,10 @@ fn main() -> Result<()> {
     let args = Args::parse();
     single_step(args.samples)?;
     println!("\n(b) noise sweep, k = 4, vocab 32, c = {}", args.cost_ratio);
-    println!("{:>6} {:>7} {:>7} {:>9} {:>10} {:>11} {:>8}", "noise", "alpha", "a_pos", "tok/call", "predicted", "pred(a_pos)", "speedup");
+    println!(
+        "{:>6} {:>7} {:>7} {:>9} {:>10} {:>11} {:>8}",
+        "noise", "alpha", "a_pos", "tok/call", "predicted", "pred(a_pos)", "speedup"
+    );
     for noise in [0.0, 0.1, 0.2, 0.4, 0.7] {
         let (s, speedup) = trial(noise, 4, args.rounds, args.cost_ratio)?;
         println!(
@@ -64,7 +67,9 @@ fn main() -> Result<()> {
         println!("{k:3} {a:7.3} {tpc:9.3} {sp:8.3}{}", if sp == best { "  <- best" } else { "" });
     }
     println!("\nalpha = drafted tokens accepted (the seed's measure); a_pos = accepted / (accepted + rejections),");
-    println!("the per-position rate the geometric closed form assumes: pred(a_pos) tracks tok/call, 'predicted' does not.");
+    println!(
+        "the per-position rate the geometric closed form assumes: pred(a_pos) tracks tok/call, 'predicted' does not."
+    );
     if let Some(path) = args.plot {
         std::fs::write(&path, svg(&rows))?;
         println!("wrote {path}");
@@ -127,7 +132,11 @@ fn single_step(n: usize) -> Result<()> {
     println!("target p   : {}", fmt_row(p.iter().map(|&x| x as f64)));
     println!("empirical  : {}", fmt_row(emp.into_iter()));
     println!("max abs err: {err:.4}");
-    println!("accept rate: {:.4} (theory: sum min(p, q) = {:.4})", accepted as f64 / n as f64, kernel::acceptance_rate(&p, &q));
+    println!(
+        "accept rate: {:.4} (theory: sum min(p, q) = {:.4})",
+        accepted as f64 / n as f64,
+        kernel::acceptance_rate(&p, &q)
+    );
     Ok(())
 }
 
@@ -161,7 +170,12 @@ fn svg(rows: &[(usize, f64, f64, f64)]) -> String {
     let x = |k: usize| pad + (k as f64 - 1.0) / 7.0 * (w - 2.0 * pad);
     let y = |s: f64| h - pad - s / max * (h - 2.0 * pad);
     let points: Vec<String> = rows.iter().map(|r| format!("{:.1},{:.1}", x(r.0), y(r.3))).collect();
-    let labels: String = rows.iter().map(|r| format!("<text x='{:.1}' y='{}' font-size='11' text-anchor='middle'>{}</text>", x(r.0), h - pad + 16.0, r.0)).collect();
+    let labels: String = rows
+        .iter()
+        .map(|r| {
+            format!("<text x='{:.1}' y='{}' font-size='11' text-anchor='middle'>{}</text>", x(r.0), h - pad + 16.0, r.0)
+        })
+        .collect();
     format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}'><rect width='100%' height='100%' fill='white'/>\
          <line x1='{pad}' y1='{b}' x2='{r}' y2='{b}' stroke='black'/><line x1='{pad}' y1='{pad}' x2='{pad}' y2='{b}' stroke='black'/>\

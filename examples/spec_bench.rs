@@ -13,7 +13,10 @@ use clap::Parser;
 use serde_json::json;
 use specdec::sampling::argmax;
 use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
-use specdec::{Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat};
+use specdec::{
+    Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, SamplingConfig,
+    SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -86,7 +89,10 @@ impl Run {
 fn main() -> Result<()> {
     let args = Args::parse();
     let device = specdec::device(&args.device)?;
-    let target_spec = args.target.clone().unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/models-cache/SmolLM2-135M-Instruct.Q4_1.gguf").into());
+    let target_spec = args
+        .target
+        .clone()
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/models-cache/SmolLM2-135M-Instruct.Q4_1.gguf").into());
     let files = ModelFiles::resolve(&target_spec)?;
     let (target, tok) = files.load(WeightFormat::F32, &device).with_context(|| format!("loading {target_spec}"))?;
     let prompts = load_prompts(&args, &tok)?;
@@ -109,12 +115,30 @@ fn main() -> Result<()> {
     }
     println!(
         "{:<14} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5}",
-        "drafter", "k", "mean k", "temp", "alpha", "a_pos", "tok/call", "c", "v", "plain/s", "spec/s", "speedup", "S(kac)", "S(v)", "rss plain", "rss spec", "match"
+        "drafter",
+        "k",
+        "mean k",
+        "temp",
+        "alpha",
+        "a_pos",
+        "tok/call",
+        "c",
+        "v",
+        "plain/s",
+        "spec/s",
+        "speedup",
+        "S(kac)",
+        "S(v)",
+        "rss plain",
+        "rss spec",
+        "match"
     );
     let mut rows = Vec::new();
     for temp in parse_list::<f32>(&args.temperatures)? {
         let sampling = SamplingConfig::new(temp)?.with_seed(args.seed);
-        let mut plain_dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).max_new_tokens(args.max_new_tokens).stop_tokens(stop.clone());
+        let mut plain_dec = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone())
+            .max_new_tokens(args.max_new_tokens)
+            .stop_tokens(stop.clone());
         plain_dec.generate(&prompts[0])?; // warm-up: page in the weights, start the threads
         let rss_plain = rss_mb();
         for spec in args.drafters.split(',').filter(|s| !s.is_empty()).map(str::parse::<DrafterSpec>) {
@@ -141,7 +165,8 @@ fn main() -> Result<()> {
                 let total = sum(&run.stats);
                 let (alpha, kbar, c) = (total.position_acceptance(), total.mean_k(), total.cost_ratio());
                 // v of this run: verification call time over the plain one-token call time.
-                let v = (total.target_secs / total.target_calls.max(1) as f64) / (sum(&plain.stats).target_secs / sum(&plain.stats).target_calls.max(1) as f64);
+                let v = (total.target_secs / total.target_calls.max(1) as f64)
+                    / (sum(&plain.stats).target_secs / sum(&plain.stats).target_calls.max(1) as f64);
                 let c_plain = c * v; // draft call over a one-token target call
                 let greedy_match = (temp == 0.0).then(|| run.tokens == plain.tokens);
                 let row = json!({
@@ -164,13 +189,22 @@ fn main() -> Result<()> {
             }
         }
     }
-    let best = |t: f32| rows.iter().filter(|r| r["temperature"].as_f64() == Some(t as f64)).max_by(|a, b| a["speedup"].as_f64().partial_cmp(&b["speedup"].as_f64()).unwrap_or(std::cmp::Ordering::Equal));
+    let best = |t: f32| {
+        rows.iter().filter(|r| r["temperature"].as_f64() == Some(t as f64)).max_by(|a, b| {
+            a["speedup"].as_f64().partial_cmp(&b["speedup"].as_f64()).unwrap_or(std::cmp::Ordering::Equal)
+        })
+    };
     let (greedy, sampled) = (best(0.0), best(0.8));
     if let Some(g) = greedy {
         println!("best greedy: {} k={} speedup {:.2}", g["drafter"], g["k"], g["speedup"].as_f64().unwrap_or(0.0));
     }
     if let Some(s) = sampled {
-        println!("best at temperature 0.8: {} k={} speedup {:.2}", s["drafter"], s["k"], s["speedup"].as_f64().unwrap_or(0.0));
+        println!(
+            "best at temperature 0.8: {} k={} speedup {:.2}",
+            s["drafter"],
+            s["k"],
+            s["speedup"].as_f64().unwrap_or(0.0)
+        );
     }
     if args.json {
         let summary = json!({
@@ -188,16 +222,27 @@ fn main() -> Result<()> {
 
 /// For each weight format: how far its logits are from the f32 target's along the prompts, how
 /// often its argmax agrees, and its forward times for 1 and 5 rows.
-fn format_errors(args: &Args, files: &ModelFiles, target: &Arc<LlamaWeights>, prompts: &[Vec<u32>], device: &candle_core::Device) -> Result<()> {
-    println!("{:<8} {:>8} {:>10} {:>9} {:>9} {:>6} {:>9}", "format", "MB/token", "mean|dl|", "argmax=", "1-row ms", "v(5)", "tg128/s");
-    let reference: Vec<Logits> = prompts.iter().map(|p| Ok(Llama::new(target.clone())?.forward(p, p.len())?)).collect::<Result<_>>()?;
+fn format_errors(
+    args: &Args,
+    files: &ModelFiles,
+    target: &Arc<LlamaWeights>,
+    prompts: &[Vec<u32>],
+    device: &candle_core::Device,
+) -> Result<()> {
+    println!(
+        "{:<8} {:>8} {:>10} {:>9} {:>9} {:>6} {:>9}",
+        "format", "MB/token", "mean|dl|", "argmax=", "1-row ms", "v(5)", "tg128/s"
+    );
+    let reference: Vec<Logits> =
+        prompts.iter().map(|p| Ok(Llama::new(target.clone())?.forward(p, p.len())?)).collect::<Result<_>>()?;
     for f in args.formats.split(',') {
         let (w, _) = files.load(f.parse()?, device)?;
         let (mut diff, mut same, mut n) = (0f64, 0usize, 0usize);
         for (p, r) in prompts.iter().zip(&reference) {
             let l = Llama::new(w.clone())?.forward(p, p.len())?;
             for i in 0..p.len() {
-                diff += l.row(i).iter().zip(r.row(i)).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / r.vocab() as f64;
+                diff +=
+                    l.row(i).iter().zip(r.row(i)).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / r.vocab() as f64;
                 same += usize::from(argmax(l.row(i))? == argmax(r.row(i))?);
                 n += 1;
             }
@@ -207,8 +252,17 @@ fn format_errors(args: &Args, files: &ModelFiles, target: &Arc<LlamaWeights>, pr
         // Plain decoding of 128 tokens from one token, as llama-bench's tg128 measures it.
         let mut plain = PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(128);
         plain.generate(&[prompts[0][0]])?;
-        let tg = (0..3).map(|_| Ok(plain.generate(&[prompts[0][0]])?.stats.tokens_per_sec())).collect::<Result<Vec<f64>>>()?;
-        println!("{f:<8} {mb:>8.0} {:>10.4} {:>9.3} {:>9.2} {:>6.2} {:>9.1}", diff / n as f64, same as f64 / n as f64, one, forward_ms(&w, 5)? / one, mean(&tg));
+        let tg = (0..3)
+            .map(|_| Ok(plain.generate(&[prompts[0][0]])?.stats.tokens_per_sec()))
+            .collect::<Result<Vec<f64>>>()?;
+        println!(
+            "{f:<8} {mb:>8.0} {:>10.4} {:>9.3} {:>9.2} {:>6.2} {:>9.1}",
+            diff / n as f64,
+            same as f64 / n as f64,
+            one,
+            forward_ms(&w, 5)? / one,
+            mean(&tg)
+        );
     }
     Ok(())
 }
@@ -219,7 +273,11 @@ fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
 
 fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
     let texts: Vec<String> = match &args.prompts {
-        Some(path) => std::fs::read_to_string(path)?.lines().filter(|l| !l.trim().is_empty()).map(|l| l.replace("\\n", "\n")).collect(),
+        Some(path) => std::fs::read_to_string(path)?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.replace("\\n", "\n"))
+            .collect(),
         None => PROMPTS.iter().map(|s| s.to_string()).collect(),
     };
     texts.iter().map(|t| Ok(tok.encode(&if args.chat { tok.chat_prompt(t) } else { t.clone() })?)).collect()
@@ -277,6 +335,8 @@ fn mean(xs: &[f64]) -> f64 {
 fn rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
         .map_or(0.0, |kb| kb / 1024.0)
 }

@@ -158,7 +158,10 @@ fn choose(requested: Option<&str>) -> Kernels {
 pub fn cpu_name() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |key: &str| {
-        info.lines().find(|l| l.split(':').next().is_some_and(|k| k.trim() == key)).and_then(|l| l.split(':').nth(1)).map(|v| v.trim().to_string())
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|v| v.trim().to_string())
     };
     match (field("model name"), field("cpu family"), field("model")) {
         (Some(name), Some(family), Some(model)) => format!("{name}, family {family} model {model}"),

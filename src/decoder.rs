@@ -221,7 +221,11 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         while self.finish.is_none() {
             on_tokens(self.step()?);
         }
-        Ok(Generation { tokens: self.generated().to_vec(), finish: self.finish.unwrap_or(FinishReason::Length), stats: self.stats.clone() })
+        Ok(Generation {
+            tokens: self.generated().to_vec(),
+            finish: self.finish.unwrap_or(FinishReason::Length),
+            stats: self.stats.clone(),
+        })
     }
 
     /// Resets both models and feeds them the prompt (all but its last token, which the first
@@ -397,7 +401,12 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
                 Proposal::Nothing => break,
                 Proposal::Token(t) => (t, false),
                 Proposal::Logits(row) if row.len() != vocab => {
-                    return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
+                    return Err(Error::BadModelOutput {
+                        model: "draft",
+                        what: "logits",
+                        expected: vocab,
+                        got: row.len(),
+                    });
                 }
                 Proposal::Logits(row) if self.sampling.is_greedy() => (argmax(&row)?, false),
                 Proposal::Logits(row) => {
@@ -423,14 +432,18 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.stats.target_calls += 1;
         let vocab = self.target.vocab_size();
         if logits.rows() != drafted.len() + 1 || logits.vocab() != vocab {
-            let (expected, got) = if logits.vocab() != vocab { (vocab, logits.vocab()) } else { (drafted.len() + 1, logits.rows()) };
+            let (expected, got) =
+                if logits.vocab() != vocab { (vocab, logits.vocab()) } else { (drafted.len() + 1, logits.rows()) };
             return Err(Error::BadModelOutput { model: "target", what: "logits rows or row length", expected, got });
         }
         if self.sampling.is_greedy() {
             return kernel::verify_greedy(drafted, |i| argmax(logits.row(i)));
         }
-        let q: Vec<DraftRow> =
-            dense.iter().zip(&self.q_rows).map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point }).collect();
+        let q: Vec<DraftRow> = dense
+            .iter()
+            .zip(&self.q_rows)
+            .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })
+            .collect();
         let sampling = &self.sampling;
         kernel::verify_block(drafted, &q, |i, buf| sampling.probs(logits.row(i), buf), &mut self.rng)
     }

@@ -16,7 +16,12 @@ impl Logits {
     /// [`Error::BadModelOutput`] when `vocab` is 0 or does not divide `data.len()`.
     pub fn new(data: Vec<f32>, vocab: usize) -> Result<Self> {
         if vocab == 0 || !data.len().is_multiple_of(vocab) {
-            return Err(Error::BadModelOutput { model: "model", what: "logits values", expected: vocab, got: data.len() });
+            return Err(Error::BadModelOutput {
+                model: "model",
+                what: "logits values",
+                expected: vocab,
+                got: data.len(),
+            });
         }
         Ok(Self { data, vocab })
     }

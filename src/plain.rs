@@ -33,7 +33,13 @@ pub struct PlainDecoder<T> {
 impl<T: TargetModel> PlainDecoder<T> {
     /// A decoder with 128 new tokens and no stop token.
     pub fn new(target: T, sampling: SamplingConfig) -> Self {
-        Self { rng: StdRng::seed_from_u64(sampling.seed()), target, sampling, stop: StopRule::default(), probs: Vec::new() }
+        Self {
+            rng: StdRng::seed_from_u64(sampling.seed()),
+            target,
+            sampling,
+            stop: StopRule::default(),
+            probs: Vec::new(),
+        }
     }
 
     /// The most tokens one generation produces.
@@ -92,7 +98,12 @@ impl<T: TargetModel> PlainDecoder<T> {
             let logits = timed(&mut stats.target_secs, || target.forward(feed, 1))?;
             stats.target_calls += 1;
             if logits.rows() != 1 || logits.vocab() != vocab {
-                return Err(Error::BadModelOutput { model: "target", what: "logits rows", expected: 1, got: logits.rows() });
+                return Err(Error::BadModelOutput {
+                    model: "target",
+                    what: "logits rows",
+                    expected: 1,
+                    got: logits.rows(),
+                });
             }
             let token = if self.sampling.is_greedy() {
                 argmax(logits.row(0))?

@@ -267,7 +267,8 @@ fn keep_nucleus(weights: &mut [f32], top_p: f64) {
         }
         above += mass[b];
     }
-    let mut candidates: Vec<(f32, usize)> = weights.iter().copied().zip(0..).filter(|&(w, _)| w > 0.0 && bucket(w) == edge).collect();
+    let mut candidates: Vec<(f32, usize)> =
+        weights.iter().copied().zip(0..).filter(|&(w, _)| w > 0.0 && bucket(w) == edge).collect();
     candidates.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut last = candidates.last().copied();
     for &(w, i) in &candidates {

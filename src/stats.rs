@@ -66,12 +66,20 @@ impl Stats {
     pub fn cost_ratio(&self) -> f64 {
         let draft = self.draft_secs / self.draft_calls.max(1) as f64;
         let target = self.target_secs / self.target_calls.max(1) as f64;
-        if target > 0.0 { draft / target } else { 0.0 }
+        if target > 0.0 {
+            draft / target
+        } else {
+            0.0
+        }
     }
 
     /// Decoding speed in tokens per second (prefill excluded).
     pub fn tokens_per_sec(&self) -> f64 {
-        if self.decode_secs > 0.0 { self.new_tokens as f64 / self.decode_secs } else { 0.0 }
+        if self.decode_secs > 0.0 {
+            self.new_tokens as f64 / self.decode_secs
+        } else {
+            0.0
+        }
     }
 
     /// The seed's S(k, α, c) at the mean k, the per-position α and the measured c.
@@ -150,7 +158,11 @@ pub fn predicted_speedup_with_verify(k: f64, alpha: f64, c: f64, v: f64) -> f64 
 }
 
 fn ratio(a: usize, b: usize) -> f64 {
-    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
 }
 
 #[cfg(test)]

@@ -34,7 +34,8 @@ impl Tokenizer {
     /// [`Error::Tokenizer`] when the file cannot be read or parsed.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         let chat_system = None;
         Ok(Self { inner, chat_system })
     }
@@ -51,25 +52,40 @@ impl Tokenizer {
         let kind = get("tokenizer.ggml.model")?.to_string().map_err(tok_err)?.clone();
         let tokens = strings("tokenizer.ggml.tokens")?;
         let types: Vec<i64> = match md.get("tokenizer.ggml.token_type").and_then(|v| v.to_vec().ok()) {
-            Some(v) => v.iter().map(|t| t.to_i32().map(i64::from).or_else(|_| t.to_u32().map(i64::from)).unwrap_or(1)).collect(),
+            Some(v) => v
+                .iter()
+                .map(|t| t.to_i32().map(i64::from).or_else(|_| t.to_u32().map(i64::from)).unwrap_or(1))
+                .collect(),
             None => vec![1; tokens.len()],
         };
         let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
         let flag = |key: &str, default: bool| md.get(key).and_then(|v| v.to_bool().ok()).unwrap_or(default);
         let json = match kind.as_str() {
             "gpt2" => {
-                let pre = md.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map_or("default", |s| s.as_str());
+                let pre =
+                    md.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map_or("default", |s| s.as_str());
                 let merges = strings("tokenizer.ggml.merges")?;
-                let bos = flag("tokenizer.ggml.add_bos_token", false).then(|| id("tokenizer.ggml.bos_token_id")).flatten();
+                let bos =
+                    flag("tokenizer.ggml.add_bos_token", false).then(|| id("tokenizer.ggml.bos_token_id")).flatten();
                 gpt2_json(&tokens, &types, merges, pre, bos)?
             }
             "llama" => {
-                let scores: Vec<f32> = get("tokenizer.ggml.scores")?.to_vec().map_err(tok_err)?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
-                let bos = flag("tokenizer.ggml.add_bos_token", true).then(|| id("tokenizer.ggml.bos_token_id")).flatten();
+                let scores: Vec<f32> = get("tokenizer.ggml.scores")?
+                    .to_vec()
+                    .map_err(tok_err)?
+                    .iter()
+                    .map(|v| v.to_f32().unwrap_or(0.0))
+                    .collect();
+                let bos =
+                    flag("tokenizer.ggml.add_bos_token", true).then(|| id("tokenizer.ggml.bos_token_id")).flatten();
                 let unk = id("tokenizer.ggml.unknown_token_id").unwrap_or(0);
                 sentencepiece_json(&tokens, &types, &scores, flag("tokenizer.ggml.add_space_prefix", true), bos, unk)?
             }
-            other => return Err(Error::Tokenizer(format!("GGUF tokenizer model `{other}` is not supported (gpt2 or llama)"))),
+            other => {
+                return Err(Error::Tokenizer(format!(
+                    "GGUF tokenizer model `{other}` is not supported (gpt2 or llama)"
+                )))
+            }
         };
         let inner = tokenizers::Tokenizer::from_str(&json.to_string()).map_err(tok_err)?;
         let template = md.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
@@ -132,13 +148,17 @@ impl Tokenizer {
         if self.token_to_id("<|im_start|>").is_none() {
             return user.to_string();
         }
-        let system = self.chat_system.as_ref().map(|s| format!("<|im_start|>system\n{s}<|im_end|>\n")).unwrap_or_default();
+        let system =
+            self.chat_system.as_ref().map(|s| format!("<|im_start|>system\n{s}<|im_end|>\n")).unwrap_or_default();
         format!("{system}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
     }
 
     /// Token ids that end a chat turn (`<|im_end|>`, `<|eot_id|>`, `</s>`, …) found in the vocabulary.
     pub fn end_of_turn_ids(&self) -> Vec<u32> {
-        ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"].iter().filter_map(|t| self.token_to_id(t)).collect()
+        ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"]
+            .iter()
+            .filter_map(|t| self.token_to_id(t))
+            .collect()
     }
 }
 
@@ -186,7 +206,11 @@ fn gpt2_json(tokens: &[String], types: &[i64], merges: Vec<String>, pre: &str, b
         }
         "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": false}, byte_level(false)]}),
-        other => return Err(Error::Tokenizer(format!("GGUF pre-tokenizer `{other}` is not supported (gpt2, smollm, llama-bpe)"))),
+        other => {
+            return Err(Error::Tokenizer(format!(
+                "GGUF pre-tokenizer `{other}` is not supported (gpt2, smollm, llama-bpe)"
+            )))
+        }
     };
     Ok(json!({
         "version": "1.0", "truncation": null, "padding": null,
@@ -204,7 +228,14 @@ fn gpt2_json(tokens: &[String], types: &[i64], merges: Vec<String>, pre: &str, b
 /// SentencePiece-style BPE (tokens with scores, `▁` for spaces, byte fallback) as an HF
 /// `tokenizer.json` document. The merges are every split of a normal token into two tokens,
 /// ranked by the score of the merged token, as SentencePiece's BPE ranks them.
-fn sentencepiece_json(tokens: &[String], types: &[i64], scores: &[f32], space_prefix: bool, bos: Option<u32>, unk: u32) -> Result<Json> {
+fn sentencepiece_json(
+    tokens: &[String],
+    types: &[i64],
+    scores: &[f32],
+    space_prefix: bool,
+    bos: Option<u32>,
+    unk: u32,
+) -> Result<Json> {
     let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
     let mut merges: Vec<(f32, usize, String)> = Vec::new();
     for (id, token) in tokens.iter().enumerate().filter(|&(i, _)| types.get(i).is_none_or(|&t| t == 1)) {

@@ -29,7 +29,9 @@ impl MarkovModel {
         if rows.and_then(|r| r.checked_mul(vocab)) != Some(table.len()) {
             return Err(Error::setting("table", table.len(), "vocab^order rows of vocab values (vocab, order >= 1)"));
         }
-        let bad_row = table.chunks(vocab).any(|r| r.iter().any(|&x| !(x >= 0.0 && x.is_finite())) || r.iter().sum::<f32>() <= 0.0);
+        let bad_row = table
+            .chunks(vocab)
+            .any(|r| r.iter().any(|&x| !(x >= 0.0 && x.is_finite())) || r.iter().sum::<f32>() <= 0.0);
         if bad_row {
             return Err(Error::setting("table", "a row", "non-negative finite values with a positive sum"));
         }
@@ -39,7 +41,8 @@ impl MarkovModel {
     /// A random model with peaky rows: uniform draws cubed, then normalized (the seed's recipe).
     pub fn random(vocab: usize, order: usize, seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut table: Vec<f32> = (0..vocab.pow(order as u32) * vocab).map(|_| rng.random::<f32>().powi(3) + 1e-6).collect();
+        let mut table: Vec<f32> =
+            (0..vocab.pow(order as u32) * vocab).map(|_| rng.random::<f32>().powi(3) + 1e-6).collect();
         normalize_rows(&mut table, vocab);
         Self { vocab, order, table, ctx: Vec::new() }
     }
@@ -47,8 +50,7 @@ impl MarkovModel {
     /// A draft for this model: `(1 − noise)·self + noise·random`, renormalized row by row.
     pub fn noisy_copy(&self, noise: f32, seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut table: Vec<f32> =
-            self.table.iter().map(|&p| (1.0 - noise) * p + noise * rng.random::<f32>()).collect();
+        let mut table: Vec<f32> = self.table.iter().map(|&p| (1.0 - noise) * p + noise * rng.random::<f32>()).collect();
         normalize_rows(&mut table, self.vocab);
         Self { table, ctx: Vec::new(), ..self.clone() }
     }

@@ -164,7 +164,9 @@ fn with_a_draft_costing_5_target_steps_adaptive_k_is_within_3_percent_of_plain()
                     .collect::<Result<Vec<f64>>>()?
                     .into_iter()
                     .fold(0.0, f64::max);
-                eprintln!("{world:?}, {max_tokens} tokens: adaptive k takes {worst:.4}× plain decoding's time per token");
+                eprintln!(
+                    "{world:?}, {max_tokens} tokens: adaptive k takes {worst:.4}× plain decoding's time per token"
+                );
                 assert!(worst <= 1.03, "{world:?}, {max_tokens} tokens: {worst:.4}× plain");
             }
         }
@@ -207,11 +209,15 @@ fn a_cheap_draft_is_never_stopped_and_a_good_one_drafts_long_at_once() -> Result
     // (the first round drafts one token only, to measure).
     let good = World { alpha: 0.9, c: 0.05, slope: 0.1 };
     let adaptive = generation(KPolicy::default(), good, 300, 13)?;
-    let best_fixed =
-        (1..=MAX_K).map(|k| Ok(generation(KPolicy::Fixed(k), good, 300, 13)?.time_per_token())).collect::<Result<Vec<_>>>()?;
+    let best_fixed = (1..=MAX_K)
+        .map(|k| Ok(generation(KPolicy::Fixed(k), good, 300, 13)?.time_per_token()))
+        .collect::<Result<Vec<_>>>()?;
     let best_fixed = best_fixed.into_iter().fold(f64::MAX, f64::min);
     let mean_k = adaptive.ks.iter().sum::<usize>() as f64 / adaptive.ks.len() as f64;
-    eprintln!("good draft, 300 tokens: adaptive {:.4}× plain (mean k {mean_k:.2}), best fixed k {best_fixed:.4}×", adaptive.time_per_token());
+    eprintln!(
+        "good draft, 300 tokens: adaptive {:.4}× plain (mean k {mean_k:.2}), best fixed k {best_fixed:.4}×",
+        adaptive.time_per_token()
+    );
     assert!(mean_k >= 4.0, "mean k {mean_k:.2}");
     assert!(adaptive.time_per_token() <= 1.1 * best_fixed, "{:.4} vs {best_fixed:.4}", adaptive.time_per_token());
     Ok(())

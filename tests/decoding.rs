@@ -14,9 +14,13 @@ fn greedy_speculative_equals_plain_greedy() -> Result<()> {
         let prompt: Vec<u32> = (0..1 + seed % 5).map(|i| ((i * 7 + seed) % vocab as u64) as u32).collect();
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&prompt)?;
         for k in [1, 3, 5, 8] {
-            let mut spec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).max_new_tokens(40).build()?;
+            let mut spec =
+                SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).max_new_tokens(40).build()?;
             assert_eq!(spec.generate(&prompt)?.tokens, plain.tokens, "seed {seed}, k {k}");
-            let mut point = SpeculativeDecoder::builder(PointDraft::new(draft.clone(), 0.2), target.clone()).k(k).max_new_tokens(40).build()?;
+            let mut point = SpeculativeDecoder::builder(PointDraft::new(draft.clone(), 0.2), target.clone())
+                .k(k)
+                .max_new_tokens(40)
+                .build()?;
             assert_eq!(point.generate(&prompt)?.tokens, plain.tokens, "point draft, seed {seed}, k {k}");
         }
     }
@@ -26,7 +30,11 @@ fn greedy_speculative_equals_plain_greedy() -> Result<()> {
 #[test]
 fn a_perfect_draft_is_always_accepted() -> Result<()> {
     let (target, _) = MarkovModel::pair(32, 0.0, 3);
-    let mut dec = SpeculativeDecoder::builder(target.clone(), target).k(4).max_new_tokens(100).sampling(SamplingConfig::new(1.0)?).build()?;
+    let mut dec = SpeculativeDecoder::builder(target.clone(), target)
+        .k(4)
+        .max_new_tokens(100)
+        .sampling(SamplingConfig::new(1.0)?)
+        .build()?;
     let stats = dec.generate(&[1])?.stats;
     assert_eq!(stats.accepted, stats.drafted);
     assert_eq!(stats.tokens_per_target_call(), 5.0);
@@ -39,12 +47,18 @@ fn same_seed_same_tokens() -> Result<()> {
     let cfg = SamplingConfig::new(0.9)?.with_top_p(0.9)?;
     let run = |seed| -> Result<Vec<Vec<u32>>> {
         // A fixed k: the default adaptive k follows timings, and sampled draws follow k.
-        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).sampling(cfg.clone()).seed(seed).max_new_tokens(50).build()?;
+        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone())
+            .k(4)
+            .sampling(cfg.clone())
+            .seed(seed)
+            .max_new_tokens(50)
+            .build()?;
         (0..3).map(|_| Ok(dec.generate(&[1, 2])?.tokens)).collect()
     };
     assert_eq!(run(9)?, run(9)?);
     assert_ne!(run(9)?, run(10)?);
-    let plain = |seed| PlainDecoder::new(target.clone(), cfg.clone().with_seed(seed)).max_new_tokens(50).generate(&[1, 2]);
+    let plain =
+        |seed| PlainDecoder::new(target.clone(), cfg.clone().with_seed(seed)).max_new_tokens(50).generate(&[1, 2]);
     assert_eq!(plain(4)?.tokens, plain(4)?.tokens);
     Ok(())
 }

@@ -60,7 +60,10 @@ fn bad_settings_and_pairs_are_typed_errors() {
     let build = |k| SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).build();
     assert!(matches!(build(0), Err(Error::InvalidSetting { name: "k", .. })));
     let other = MarkovModel::random(9, 1, 0);
-    assert!(matches!(SpeculativeDecoder::builder(other, target.clone()).build(), Err(Error::VocabMismatch { draft: 9, target: 8 })));
+    assert!(matches!(
+        SpeculativeDecoder::builder(other, target.clone()).build(),
+        Err(Error::VocabMismatch { draft: 9, target: 8 })
+    ));
     assert!(matches!(SamplingConfig::new(-1.0), Err(Error::InvalidSetting { name: "temperature", .. })));
     assert!(matches!(SamplingConfig::new(f32::NAN), Err(Error::InvalidSetting { name: "temperature", .. })));
     assert!(matches!(SamplingConfig::greedy().with_top_p(0.0), Err(Error::InvalidSetting { name: "top_p", .. })));
@@ -94,24 +97,28 @@ fn model_faults_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
     for fault in [Fault::NanLogits, Fault::InfLogits, Fault::WrongRows, Fault::Fails] {
         for sampling in [SamplingConfig::greedy(), SamplingConfig::new(0.8)?] {
             for on_draft in [false, true] {
-            let faulty = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 4, fault };
-            let healthy = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 0, fault };
-            let (d, t) = if on_draft { (faulty(&draft), healthy(&target)) } else { (healthy(&draft), faulty(&target)) };
-            let mut dec = SpeculativeDecoder::builder(d, t).k(3).sampling(sampling.clone()).max_new_tokens(30).build()?;
-            dec.start(&[2, 3])?;
-            let mut errors = 0;
-            while dec.finish_reason().is_none() {
-                match dec.step() {
-                    Ok(_) => {}
-                    Err(Error::NonFiniteLogits { .. } | Error::BadModelOutput { .. } | Error::InvalidSetting { .. }) => errors += 1,
-                    Err(e) => panic!("unexpected error {e}"),
+                let faulty = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 4, fault };
+                let healthy = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 0, fault };
+                let (d, t) =
+                    if on_draft { (faulty(&draft), healthy(&target)) } else { (healthy(&draft), faulty(&target)) };
+                let mut dec =
+                    SpeculativeDecoder::builder(d, t).k(3).sampling(sampling.clone()).max_new_tokens(30).build()?;
+                dec.start(&[2, 3])?;
+                let mut errors = 0;
+                while dec.finish_reason().is_none() {
+                    match dec.step() {
+                        Ok(_) => {}
+                        Err(
+                            Error::NonFiniteLogits { .. } | Error::BadModelOutput { .. } | Error::InvalidSetting { .. },
+                        ) => errors += 1,
+                        Err(e) => panic!("unexpected error {e}"),
+                    }
                 }
-            }
-            assert_eq!(errors, 1);
-            assert_eq!(dec.generated().len(), 30);
-            if sampling.is_greedy() {
-                assert_eq!(dec.generated(), &clean.tokens[..]);
-            }
+                assert_eq!(errors, 1);
+                assert_eq!(dec.generated().len(), 30);
+                if sampling.is_greedy() {
+                    assert_eq!(dec.generated(), &clean.tokens[..]);
+                }
             }
         }
     }

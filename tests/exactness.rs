@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, settings, check_windows, exact_window, processed_row};
+use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, settings};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
@@ -83,7 +83,6 @@ fn single_step_power_mismatched_draft_processing_is_rejected() -> Result<()> {
     Ok(())
 }
 
-
 const VOCAB: usize = 6;
 const PROMPT: [u32; 3] = [2, 0, 5];
 const SAMPLES: usize = 60_000;
@@ -91,7 +90,13 @@ const SAMPLES: usize = 60_000;
 /// Generates `SAMPLES` sequences of k + 3 tokens and checks the joint distribution of the first
 /// three tokens and of the three tokens starting at position k (which straddle the end of the
 /// first block, its bonus token and the second round after a roll-back).
-fn check_sequences<D: DraftModel>(name: &str, draft: D, target: &MarkovModel, cfg: &SamplingConfig, k: usize) -> Result<()> {
+fn check_sequences<D: DraftModel>(
+    name: &str,
+    draft: D,
+    target: &MarkovModel,
+    cfg: &SamplingConfig,
+    k: usize,
+) -> Result<()> {
     let mut dec = SpeculativeDecoder::builder(draft, target.clone())
         .k(k)
         .sampling(cfg.clone())
@@ -147,7 +152,14 @@ fn sequence_power_resampling_from_p_is_rejected() -> Result<()> {
             for _ in 0..2 {
                 let q = processed_row(&draft, &cfg, &drafted);
                 let r: f64 = rng.random();
-                let t = q.iter().scan(0.0, |acc, &x| { *acc += x; Some(*acc) }).position(|c| r < c).unwrap_or(VOCAB - 1);
+                let t = q
+                    .iter()
+                    .scan(0.0, |acc, &x| {
+                        *acc += x;
+                        Some(*acc)
+                    })
+                    .position(|c| r < c)
+                    .unwrap_or(VOCAB - 1);
                 drafted.push(t as u32);
             }
             for i in ctx.len()..drafted.len() {

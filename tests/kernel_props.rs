@@ -3,7 +3,9 @@
 //! equals p, and the acceptance probability equals Σ min(p, q).
 
 use proptest::prelude::*;
-use specdec::kernel::{accept_probability, acceptance_rate, emission_probabilities, tree_emission_probabilities, DraftRow};
+use specdec::kernel::{
+    accept_probability, acceptance_rate, emission_probabilities, tree_emission_probabilities, DraftRow,
+};
 
 /// A probability row over `n` tokens with some exact zeros, unnormalized.
 fn row(n: usize) -> impl Strategy<Value = Vec<f32>> {
@@ -17,8 +19,17 @@ fn pair() -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
         prop_oneof![
             (row(n), row(n)),
             row(n).prop_map(|p| (p.clone(), p)),
-            (row(n), 0..n).prop_map(move |(p, i)| { let mut q = vec![0.0; n]; q[i] = 1.0; (p, q) }),
-            (0..n, 0..n).prop_map(move |(i, j)| { let (mut p, mut q) = (vec![0.0; n], vec![0.0; n]); p[i] = 1.0; q[j] = 1.0; (p, q) }),
+            (row(n), 0..n).prop_map(move |(p, i)| {
+                let mut q = vec![0.0; n];
+                q[i] = 1.0;
+                (p, q)
+            }),
+            (0..n, 0..n).prop_map(move |(i, j)| {
+                let (mut p, mut q) = (vec![0.0; n], vec![0.0; n]);
+                p[i] = 1.0;
+                q[j] = 1.0;
+                (p, q)
+            }),
             (1..n).prop_map(move |cut| {
                 let p: Vec<f32> = (0..n).map(|i| if i < cut { 1.0 } else { 0.0 }).collect();
                 let q: Vec<f32> = (0..n).map(|i| if i < cut { 0.0 } else { 1.0 }).collect();

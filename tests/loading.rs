@@ -27,7 +27,10 @@ fn write_hf_checkpoint(gguf: &Path, dir: &Path) -> Result<()> {
     let mut tensors = HashMap::new();
     let mut put = |file: &mut GgufFile, gguf_name: &str, hf_name: String, heads: Option<usize>| -> Result<()> {
         let t = file.qtensor(gguf_name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
-        let t = match heads { Some(h) => interleaved_to_hf(&t, h)?, None => t };
+        let t = match heads {
+            Some(h) => interleaved_to_hf(&t, h)?,
+            None => t,
+        };
         tensors.insert(hf_name, t);
         Ok(())
     };
@@ -164,7 +167,10 @@ fn unknown_architecture_is_a_typed_error() {
 fn mismatched_tokenizers_are_refused() -> Result<()> {
     let (Some(a), Some(b)) = (model_path(STORIES), model_path(SMOLLM2)) else { return Ok(()) };
     let (ta, tb) = (GgufFile::open(a)?.tokenizer()?, GgufFile::open(b)?.tokenizer()?);
-    assert!(matches!(specdec::check_compatible(("stories", &ta), ("smollm2", &tb)), Err(Error::TokenizerMismatch { .. })));
+    assert!(matches!(
+        specdec::check_compatible(("stories", &ta), ("smollm2", &tb)),
+        Err(Error::TokenizerMismatch { .. })
+    ));
     assert!(specdec::check_compatible(("a", &ta), ("b", &ta)).is_ok());
     Ok(())
 }

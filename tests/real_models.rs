@@ -9,10 +9,14 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
-use specdec::{Llama, LlamaWeights, ModelFiles, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, Tokenizer, WeightFormat};
+use specdec::{
+    Llama, LlamaWeights, ModelFiles, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, Tokenizer,
+    WeightFormat,
+};
 
 fn device() -> Device {
-    specdec::device(&std::env::var("SPECDEC_DEVICE").unwrap_or_else(|_| "cpu".into())).expect("SPECDEC_DEVICE names a usable device")
+    specdec::device(&std::env::var("SPECDEC_DEVICE").unwrap_or_else(|_| "cpu".into()))
+        .expect("SPECDEC_DEVICE names a usable device")
 }
 
 fn load(name: &str, format: WeightFormat) -> Option<(Arc<LlamaWeights>, Tokenizer)> {
@@ -57,7 +61,8 @@ fn smollm2_multi_token_forward_equals_sequential() -> Result<()> {
 #[test]
 fn truncate_then_forward_equals_a_fresh_run() -> Result<()> {
     // The backends share one roll-back contract: both engines, f32 and quantized weights.
-    for (name, format) in [(STORIES, WeightFormat::F32), (SMOLLM2, WeightFormat::F32), (SMOLLM2, WeightFormat::Stored)] {
+    for (name, format) in [(STORIES, WeightFormat::F32), (SMOLLM2, WeightFormat::F32), (SMOLLM2, WeightFormat::Stored)]
+    {
         let Some(path) = model_path(name) else { continue };
         for engine in [specdec::Engine::Native, specdec::Engine::Candle] {
             let (w, tok) = ModelFiles::Gguf(path.clone()).load_with(format, &device(), engine)?;
@@ -147,7 +152,13 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
                 .stop_tokens(stop.clone())
                 .build()?;
             let out = spec.generate(&ids)?;
-            assert_eq!(out.tokens, plain.tokens, "{name}, k = {k}, prompt {prompt:?}: {:?} vs {:?}", tok.decode(&out.tokens), tok.decode(&plain.tokens));
+            assert_eq!(
+                out.tokens,
+                plain.tokens,
+                "{name}, k = {k}, prompt {prompt:?}: {:?} vs {:?}",
+                tok.decode(&out.tokens),
+                tok.decode(&plain.tokens)
+            );
             assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
         }
     }
@@ -172,11 +183,12 @@ fn seeded_sampling_is_reproducible_on_real_weights() -> Result<()> {
     let ids = prompt_ids(&tok, "Once upon a time");
     let cfg = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(17);
     let run = || -> Result<Vec<u32>> {
-        let mut dec = SpeculativeDecoder::builder(Llama::with_layers(w.clone(), vec![0, 1, 2])?, Llama::new(w.clone())?)
-            .k(3)
-            .sampling(cfg.clone())
-            .max_new_tokens(50)
-            .build()?;
+        let mut dec =
+            SpeculativeDecoder::builder(Llama::with_layers(w.clone(), vec![0, 1, 2])?, Llama::new(w.clone())?)
+                .k(3)
+                .sampling(cfg.clone())
+                .max_new_tokens(50)
+                .build()?;
         Ok(dec.generate(&ids)?.tokens)
     };
     let first = run()?;

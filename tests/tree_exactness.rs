@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, settings, exact_window, processed_row};
+use common::{assert_fits, assert_rejects, cell, exact_window, processed_row, settings};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use specdec::kernel::{self, DraftRow, TreeNode, TreeVerdict};
@@ -43,7 +43,13 @@ fn f32s(row: &[f64]) -> Vec<f32> {
 }
 
 /// Draft children of `ctx`: tokens and their rows.
-fn draft_children(draft: &MarkovModel, cfg: &SamplingConfig, ctx: &[u32], how: Children, rng: &mut StdRng) -> Result<(Vec<u32>, Vec<f32>)> {
+fn draft_children(
+    draft: &MarkovModel,
+    cfg: &SamplingConfig,
+    ctx: &[u32],
+    how: Children,
+    rng: &mut StdRng,
+) -> Result<(Vec<u32>, Vec<f32>)> {
     let q = f32s(&processed_row(draft, cfg, ctx));
     let tokens = match how {
         Children::Sampled(n) => (0..n).map(|_| sample(&q, rng)).collect::<Result<Vec<u32>>>()?,
@@ -58,7 +64,15 @@ fn draft_children(draft: &MarkovModel, cfg: &SamplingConfig, ctx: &[u32], how: C
 }
 
 /// One round: a tree of up to 3 children, each with up to 2 children, judged against the target.
-fn round(target: &MarkovModel, draft: &MarkovModel, cfg: &SamplingConfig, ctx: &[u32], how: (Children, Children), rule: Rule, rng: &mut StdRng) -> Result<Vec<u32>> {
+fn round(
+    target: &MarkovModel,
+    draft: &MarkovModel,
+    cfg: &SamplingConfig,
+    ctx: &[u32],
+    how: (Children, Children),
+    rule: Rule,
+    rng: &mut StdRng,
+) -> Result<Vec<u32>> {
     // Nodes as (token, parent, index of its q row); the rows live in `rows`.
     let (mut spec, mut rows) = (Vec::new(), Vec::new());
     let (first, q0) = draft_children(draft, cfg, ctx, how.0, rng)?;
@@ -103,7 +117,11 @@ fn round(target: &MarkovModel, draft: &MarkovModel, cfg: &SamplingConfig, ctx: &
 
 /// At each position: for each child, a fresh draw from p; if it equals the child, descend;
 /// if no child matched, emit one more fresh draw from p.
-fn naive(nodes: &[TreeNode], mut target_row: impl FnMut(usize, &mut Vec<f32>) -> Result<()>, rng: &mut StdRng) -> Result<TreeVerdict> {
+fn naive(
+    nodes: &[TreeNode],
+    mut target_row: impl FnMut(usize, &mut Vec<f32>) -> Result<()>,
+    rng: &mut StdRng,
+) -> Result<TreeVerdict> {
     let kids = kernel::children(nodes)?;
     let (mut path, mut tokens, mut p) = (Vec::new(), Vec::new(), Vec::new());
     let mut at = 0;
@@ -123,7 +141,14 @@ fn naive(nodes: &[TreeNode], mut target_row: impl FnMut(usize, &mut Vec<f32>) ->
 }
 
 /// The counts of the first `LEN` generated tokens over `SAMPLES` generations.
-fn counts(target: &MarkovModel, draft: &MarkovModel, cfg: &SamplingConfig, how: (Children, Children), rule: Rule, seed: u64) -> Result<(Vec<u64>, usize)> {
+fn counts(
+    target: &MarkovModel,
+    draft: &MarkovModel,
+    cfg: &SamplingConfig,
+    how: (Children, Children),
+    rule: Rule,
+    seed: u64,
+) -> Result<(Vec<u64>, usize)> {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut counts, mut accepted) = (vec![0u64; VOCAB.pow(LEN as u32)], 0);
     for _ in 0..SAMPLES {
@@ -138,7 +163,6 @@ fn counts(target: &MarkovModel, draft: &MarkovModel, cfg: &SamplingConfig, how: 
     Ok((counts, accepted))
 }
 
-
 fn pair() -> (MarkovModel, MarkovModel) {
     let target = MarkovModel::random(VOCAB, 2, 51);
     let draft = target.noisy_copy(0.6, 52);
@@ -149,7 +173,8 @@ fn pair() -> (MarkovModel, MarkovModel) {
 fn trees_of_sampled_children_follow_the_target() -> Result<()> {
     let (target, draft) = pair();
     for (i, (name, cfg)) in settings()?.into_iter().enumerate() {
-        let (c, accepted) = counts(&target, &draft, &cfg, (Children::Sampled(3), Children::Sampled(2)), Rule::Exact, 60 + i as u64)?;
+        let (c, accepted) =
+            counts(&target, &draft, &cfg, (Children::Sampled(3), Children::Sampled(2)), Rule::Exact, 60 + i as u64)?;
         assert!(accepted > SAMPLES / 2, "{name}: the trees were hardly ever accepted ({accepted})");
         assert_fits(&format!("tree, sampled children, {name}"), &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
     }
@@ -161,7 +186,10 @@ fn trees_of_top_k_children_follow_the_target() -> Result<()> {
     let (target, draft) = pair();
     for (i, (name, cfg)) in settings()?.into_iter().enumerate() {
         // Mixed: deterministic top-3 at the root, sampled pairs below.
-        for (how, what) in [((Children::TopK(3), Children::TopK(2)), "top-k"), ((Children::TopK(3), Children::Sampled(2)), "top-k over sampled")] {
+        for (how, what) in [
+            ((Children::TopK(3), Children::TopK(2)), "top-k"),
+            ((Children::TopK(3), Children::Sampled(2)), "top-k over sampled"),
+        ] {
             let (c, _) = counts(&target, &draft, &cfg, how, Rule::Exact, 70 + i as u64)?;
             assert_fits(&format!("tree, {what} children, {name}"), &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
         }

@@ -24,7 +24,11 @@ pub fn best_k(alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> usize {
     let (k, s) = speedups.fold((0, f64::NEG_INFINITY), |best, (k, s)| if s > best.1 { (k, s) } else { best });
     // Speculate only for a clear gain: the estimates are noisy, and a marginal call that
     // loses a little every round is what makes users find speculation slower than plain.
-    if s < MIN_GAIN * expected_speedup(0, alpha, draft_secs, verify_secs) { 0 } else { k }
+    if s < MIN_GAIN * expected_speedup(0, alpha, draft_secs, verify_secs) {
+        0
+    } else {
+        k
+    }
 }
 
 /// The expected speedup over plain decoding below which [`best_k`] stays plain.

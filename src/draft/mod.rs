@@ -38,7 +38,10 @@ impl FromStr for DrafterSpec {
         match (kind, arg) {
             ("model", a) => Ok(Self::Model(a.map(str::to_string))),
             ("ngram", None) => Ok(Self::NGram),
-            ("layerskip", Some(n)) => n.parse().map(Self::LayerSkip).map_err(|_| Error::setting("drafter", s, "layerskip:N with N a number of blocks")),
+            ("layerskip", Some(n)) => n
+                .parse()
+                .map(Self::LayerSkip)
+                .map_err(|_| Error::setting("drafter", s, "layerskip:N with N a number of blocks")),
             ("quant", Some(t)) => Ok(Self::Quant(t.parse()?)),
             _ => Err(Error::setting("drafter", s, "model[:PATH], ngram, layerskip:N or quant:TYPE")),
         }
@@ -73,7 +76,13 @@ impl Drafter {
     ///
     /// # Errors
     /// Loading failures; [`Error::TokenizerMismatch`] for a separate model with another tokenizer.
-    pub fn build(spec: &DrafterSpec, files: &ModelFiles, target: &Arc<LlamaWeights>, tokenizer: &Tokenizer, device: &Device) -> Result<Self> {
+    pub fn build(
+        spec: &DrafterSpec,
+        files: &ModelFiles,
+        target: &Arc<LlamaWeights>,
+        tokenizer: &Tokenizer,
+        device: &Device,
+    ) -> Result<Self> {
         Ok(match spec {
             DrafterSpec::NGram => Self::NGram(NGramDraft::new(target.config().vocab_size)?),
             DrafterSpec::LayerSkip(n) => Self::Model(Llama::with_layers(target.clone(), (0..*n).collect())?),

@@ -40,7 +40,9 @@ impl GgufFile {
                 .and_then(|size| size.checked_add(content.tensor_data_offset))
                 .and_then(|end| end.checked_add(info.offset));
             if end.is_none_or(|end| end > len) || info.shape.elem_count() % info.ggml_dtype.block_size() != 0 {
-                return Err(fail(format!("truncated or corrupt: tensor `{name}` does not fit in the file's {len} bytes")));
+                return Err(fail(format!(
+                    "truncated or corrupt: tensor `{name}` does not fit in the file's {len} bytes"
+                )));
             }
         }
         Ok(Self { path, content, reader })
@@ -76,7 +78,10 @@ impl GgufFile {
 
     fn get_u32(&self, key: &str) -> Result<u32> {
         let value = self.metadata(key).ok_or_else(|| self.bad(format!("metadata `{key}` is missing")))?;
-        value.to_u32().or_else(|_| value.to_u64().map(|v| v as u32)).map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+        value
+            .to_u32()
+            .or_else(|_| value.to_u64().map(|v| v as u32))
+            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
     }
 
     fn get_f32(&self, key: &str) -> Option<f32> {
@@ -112,7 +117,10 @@ impl GgufFile {
             num_layers: self.get_u32("llama.block_count")? as usize,
             num_heads,
             num_kv_heads: self.get_u32("llama.attention.head_count_kv").map(|v| v as usize).unwrap_or(num_heads),
-            head_dim: self.get_u32("llama.rope.dimension_count").map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1)),
+            head_dim: self
+                .get_u32("llama.rope.dimension_count")
+                .map(|v| v as usize)
+                .unwrap_or(hidden_size / num_heads.max(1)),
             rope_theta: self.get_f32("llama.rope.freq_base").unwrap_or(10_000.0),
             rms_norm_eps: self.get_f32("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
             max_context: self.get_u32("llama.context_length")? as usize,

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 /// [`Error::Hub`] when a file can be neither found in the cache nor downloaded.
 pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
     let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
-    let api = ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
+    let api =
+        ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
     let model = api.model(repo.to_string());
     let get = |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}")));
     let config = get("config.json")?;
@@ -26,8 +27,10 @@ pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
         Err(single) => {
             let index = get("model.safetensors.index.json").map_err(|_| single)?;
             let text = std::fs::read_to_string(index)?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Hub(format!("{repo}: index: {e}")))?;
-            let mut shards: Vec<&str> = json["weight_map"].as_object().into_iter().flatten().filter_map(|(_, f)| f.as_str()).collect();
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::Hub(format!("{repo}: index: {e}")))?;
+            let mut shards: Vec<&str> =
+                json["weight_map"].as_object().into_iter().flatten().filter_map(|(_, f)| f.as_str()).collect();
             shards.sort_unstable();
             shards.dedup();
             for shard in shards {

@@ -59,12 +59,17 @@ impl ModelFiles {
         if looks_like_repo {
             return hub::fetch(spec, None).map(Self::HfDir);
         }
-        Err(Error::Load { path: path.to_path_buf(), reason: "no such file or folder, and not a hub id (org/name)".into() })
+        Err(Error::Load {
+            path: path.to_path_buf(),
+            reason: "no such file or folder, and not a hub id (org/name)".into(),
+        })
     }
 
     /// A short name for reports.
     pub fn name(&self) -> String {
-        let path = match self { Self::Gguf(p) | Self::HfDir(p) => p };
+        let path = match self {
+            Self::Gguf(p) | Self::HfDir(p) => p,
+        };
         path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
     }
 
@@ -80,7 +85,12 @@ impl ModelFiles {
     ///
     /// # Errors
     /// As [`load`](Self::load); the native engine off the CPU.
-    pub fn load_with(&self, format: WeightFormat, device: &Device, engine: Engine) -> Result<(Arc<LlamaWeights>, Tokenizer)> {
+    pub fn load_with(
+        &self,
+        format: WeightFormat,
+        device: &Device,
+        engine: Engine,
+    ) -> Result<(Arc<LlamaWeights>, Tokenizer)> {
         let (mut source, config, tokenizer): (Box<dyn TensorSource>, LlamaConfig, Tokenizer) = match self {
             Self::Gguf(path) => {
                 let file = GgufFile::open(path)?;
@@ -124,7 +134,8 @@ pub fn device(name: &str) -> Result<Device> {
     match name {
         "cpu" => Ok(Device::Cpu),
         _ if name == "cuda" || name.starts_with("cuda:") => {
-            let ordinal: usize = name.strip_prefix("cuda:").map_or(Ok(0), str::parse).map_err(|_| unavailable("bad ordinal".into()))?;
+            let ordinal: usize =
+                name.strip_prefix("cuda:").map_or(Ok(0), str::parse).map_err(|_| unavailable("bad ordinal".into()))?;
             if !cfg!(feature = "cuda") {
                 return Err(unavailable("this build has no CUDA support (rebuild with `--features cuda`)".into()));
             }

@@ -8,8 +8,8 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::models::tensors::TensorSource;
 use crate::models::config::{HfConfig, LlamaConfig};
+use crate::models::tensors::TensorSource;
 use crate::tokenizer::Tokenizer;
 
 /// An opened HF-layout folder.
@@ -90,7 +90,10 @@ impl TensorSource for SafetensorsDir {
     }
 
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
-        let hf = self.hf_name(name).filter(|hf| self.tensors.get(hf).is_ok()).ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let hf = self
+            .hf_name(name)
+            .filter(|hf| self.tensors.get(hf).is_ok())
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
         let t = self.tensors.load(&hf, device)?.to_dtype(DType::F32)?;
         let heads = if name.ends_with("attn_q.weight") {
             Some(self.config.num_heads)

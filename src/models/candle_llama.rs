@@ -65,9 +65,16 @@ impl CandleWeights {
         let embed = outer.embed.dequantize(device)?;
         let lm_head = Linear::new(outer.lm_head.unwrap_or(outer.embed), format, device)?;
         let angles = Tensor::from_vec(c.rope_angles(), (c.max_context, c.head_dim / 2), device)?;
-        Ok(Self { device: device.clone(), embed, blocks, norm: vector(outer.norm)?, lm_head, cos: angles.cos()?, sin: angles.sin()? })
+        Ok(Self {
+            device: device.clone(),
+            embed,
+            blocks,
+            norm: vector(outer.norm)?,
+            lm_head,
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+        })
     }
-
 }
 
 impl Backend for CandleWeights {
@@ -83,11 +90,27 @@ impl Backend for CandleWeights {
         (0..layers).map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &self.device)).collect()
     }
 
-    fn forward(&self, c: &LlamaConfig, caches: &mut Vec<KvCache>, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+    fn forward(
+        &self,
+        c: &LlamaConfig,
+        caches: &mut Vec<KvCache>,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
         self.run(c, caches, layers, pos, tokens, rows, None)
     }
 
-    fn forward_tree(&self, c: &LlamaConfig, caches: &mut Vec<KvCache>, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>> {
+    fn forward_tree(
+        &self,
+        c: &LlamaConfig,
+        caches: &mut Vec<KvCache>,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        tree: &TreeShape,
+    ) -> Result<Vec<f32>> {
         if tree.len() != tokens.len() {
             return Err(Error::setting("tree size", tree.len(), "one entry per token"));
         }
@@ -102,7 +125,16 @@ impl Backend for CandleWeights {
 impl CandleWeights {
     /// The forward pass of a chain (`tree` is `None`) or a tree (see [`Backend::forward_tree`]).
     #[allow(clippy::too_many_arguments)]
-    fn run(&self, c: &LlamaConfig, caches: &mut [KvCache], layers: &[usize], pos: usize, tokens: &[u32], rows: usize, tree: Option<&TreeShape>) -> Result<Vec<f32>> {
+    fn run(
+        &self,
+        c: &LlamaConfig,
+        caches: &mut [KvCache],
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        tree: Option<&TreeShape>,
+    ) -> Result<Vec<f32>> {
         // The roll-back contract: positions from `pos` on are forgotten (a failed call may
         // have left some layers longer than others).
         caches.iter_mut().for_each(|k| k.truncate(pos));
@@ -136,10 +168,17 @@ impl CandleWeights {
     }
 }
 
-
 /// Self-attention of `n` new positions over the cache: queries (heads, n, hd) grouped as
 /// (kv_heads, groups·n, hd) so each key/value head serves its query heads without copies.
-fn attention(c: &LlamaConfig, b: &Block, h: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+fn attention(
+    c: &LlamaConfig,
+    b: &Block,
+    h: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    mask: Option<&Tensor>,
+    cache: &mut KvCache,
+) -> Result<Tensor> {
     let n = h.dim(0)?;
     let (hd, kvh, groups) = (c.head_dim, c.num_kv_heads, c.num_heads / c.num_kv_heads);
     let heads = |t: Tensor, count: usize| -> Result<Tensor> {
@@ -170,6 +209,8 @@ fn attention_mask(n: usize, pos: usize, tree: Option<&TreeShape>, device: &Devic
     }
     let total = pos + n;
     let sees = |i: usize, j: usize| j <= i && tree.is_none_or(|t| t.sees(i)[j]);
-    let data: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if j < pos || sees(i, j - pos) { 0.0 } else { f32::NEG_INFINITY })).collect();
+    let data: Vec<f32> = (0..n)
+        .flat_map(|i| (0..total).map(move |j| if j < pos || sees(i, j - pos) { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
     Ok(Some(Tensor::from_vec(data, (n, total), device)?))
 }

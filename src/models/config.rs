@@ -41,7 +41,12 @@ impl LlamaConfig {
         let checks: [(&'static str, usize, bool, &'static str); 6] = [
             ("vocab_size", self.vocab_size, self.vocab_size > 0, "at least 1"),
             ("num_layers", self.num_layers, self.num_layers > 0, "at least 1"),
-            ("num_kv_heads", self.num_kv_heads, self.num_kv_heads > 0 && self.num_heads.is_multiple_of(self.num_kv_heads), "a divisor of num_heads"),
+            (
+                "num_kv_heads",
+                self.num_kv_heads,
+                self.num_kv_heads > 0 && self.num_heads.is_multiple_of(self.num_kv_heads),
+                "a divisor of num_heads",
+            ),
             ("head_dim", self.head_dim, self.head_dim > 0 && self.head_dim.is_multiple_of(2), "a positive even number"),
             ("hidden_size", self.hidden_size, self.hidden_size > 0, "at least 1"),
             ("max_context", self.max_context, self.max_context > 0, "at least 1"),
@@ -58,7 +63,8 @@ impl LlamaConfig {
     /// angles both engines take the sines and cosines of.
     pub fn rope_angles(&self) -> Vec<f32> {
         let half = self.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f32 / self.head_dim as f32)).collect();
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f32 / self.head_dim as f32)).collect();
         (0..self.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
     }
 }

@@ -56,7 +56,15 @@ pub trait Backend: Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// Backend failures.
-    fn forward(&self, c: &LlamaConfig, cache: &mut Self::Cache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>>;
+    fn forward(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut Self::Cache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<Vec<f32>>;
 
     /// Scores a tree in one call: token 0 (the pending token) at position `pos`, token `i` at
     /// `pos + tree.depth(i)`, each attending to the cache's first `pos` positions and to its own
@@ -65,7 +73,15 @@ pub trait Backend: Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// Backend failures.
-    fn forward_tree(&self, c: &LlamaConfig, cache: &mut Self::Cache, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>>;
+    fn forward_tree(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut Self::Cache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        tree: &TreeShape,
+    ) -> Result<Vec<f32>>;
 
     /// After a tree call at `pos`: moves the keys and values of the tokens `path` (indices into
     /// that call's tokens, root first, each the parent of the next) to slots `pos`, `pos + 1`,
@@ -112,10 +128,24 @@ impl<B: Backend> AnyBackend for B {
 /// A backend bound to one instance's cache.
 pub(crate) trait Instance: Debug + Send {
     /// As [`Backend::forward`] on the bound cache.
-    fn forward(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>>;
+    fn forward(
+        &mut self,
+        c: &LlamaConfig,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<Vec<f32>>;
 
     /// As [`Backend::forward_tree`] on the bound cache.
-    fn forward_tree(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>>;
+    fn forward_tree(
+        &mut self,
+        c: &LlamaConfig,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        tree: &TreeShape,
+    ) -> Result<Vec<f32>>;
 
     /// As [`Backend::keep_path`] on the bound cache.
     fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()>;
@@ -128,11 +158,25 @@ struct Bound<B: Backend> {
 }
 
 impl<B: Backend> Instance for Bound<B> {
-    fn forward(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+    fn forward(
+        &mut self,
+        c: &LlamaConfig,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
         self.backend.forward(c, &mut self.cache, layers, pos, tokens, rows)
     }
 
-    fn forward_tree(&mut self, c: &LlamaConfig, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>> {
+    fn forward_tree(
+        &mut self,
+        c: &LlamaConfig,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        tree: &TreeShape,
+    ) -> Result<Vec<f32>> {
         self.backend.forward_tree(c, &mut self.cache, layers, pos, tokens, tree)
     }
 

@@ -31,7 +31,13 @@ impl std::str::FromStr for WeightFormat {
             "q5k" | "q5_k" => Self::Quantized(GgmlDType::Q5K),
             "q6k" | "q6_k" => Self::Quantized(GgmlDType::Q6K),
             "q8k" | "q8_k" => Self::Quantized(GgmlDType::Q8K),
-            _ => return Err(Error::setting("weight format", s, "f32, stored, q8_0, q4_0, q4_1, q5_0, q4k, q5k, q6k or q8k")),
+            _ => {
+                return Err(Error::setting(
+                    "weight format",
+                    s,
+                    "f32, stored, q8_0, q4_0, q4_1, q5_0, q4k, q5k, q6k or q8k",
+                ))
+            }
         })
     }
 }

@@ -34,15 +34,26 @@ impl LlamaWeights {
     /// # Errors
     /// [`Error::MissingTensor`], shape mismatches, [`Error::DeviceUnavailable`] when the native
     /// engine is asked for off the CPU, backend failures.
-    pub fn load(source: &mut dyn TensorSource, config: LlamaConfig, format: WeightFormat, device: &Device, engine: Engine) -> Result<Self> {
+    pub fn load(
+        source: &mut dyn TensorSource,
+        config: LlamaConfig,
+        format: WeightFormat,
+        device: &Device,
+        engine: Engine,
+    ) -> Result<Self> {
         config.validate()?;
         let native_ok = device.is_cpu() && NativeWeights::supports(format);
         let auto_native = native_ok && (format == WeightFormat::F32 || crate::cpu::level().simd());
         let backend: Arc<dyn AnyBackend> = match engine {
             Engine::Native if !device.is_cpu() => {
-                return Err(Error::DeviceUnavailable { device: format!("{device:?}"), reason: "the native engine runs on the CPU".into() })
+                return Err(Error::DeviceUnavailable {
+                    device: format!("{device:?}"),
+                    reason: "the native engine runs on the CPU".into(),
+                })
             }
-            Engine::Native if !native_ok => return Err(Error::setting("weight format", format!("{format:?}"), "one the native engine supports")),
+            Engine::Native if !native_ok => {
+                return Err(Error::setting("weight format", format!("{format:?}"), "one the native engine supports"))
+            }
             Engine::Native => Arc::new(NativeWeights::load(source, &config, format)?),
             Engine::Auto if auto_native => Arc::new(NativeWeights::load(source, &config, format)?),
             _ => Arc::new(CandleWeights::load(source, &config, format, device)?),
@@ -103,7 +114,11 @@ impl Llama {
     pub fn with_layers(weights: Arc<LlamaWeights>, layers: Vec<usize>) -> Result<Self> {
         let c = &weights.config;
         if layers.is_empty() || layers.iter().any(|&l| l >= c.num_layers) {
-            return Err(Error::setting("layers", format!("{layers:?}"), "a non-empty list of block indices below num_layers"));
+            return Err(Error::setting(
+                "layers",
+                format!("{layers:?}"),
+                "a non-empty list of block indices below num_layers",
+            ));
         }
         let instance = Arc::clone(&weights.backend).instance(c, layers.len())?;
         Ok(Self { weights, layers, instance, len: 0, tree: None })
@@ -172,7 +187,9 @@ impl Llama {
     /// list that is not a root path of that tree.
     pub fn keep_path(&mut self, path: &[usize]) -> Result<()> {
         let tree = self.tree.take().ok_or(Error::NotReady("keep_path needs a forward_tree call just before"))?;
-        let is_path = path.iter().enumerate().all(|(j, &t)| t < tree.len() && tree.depth(t) == j && (j == 0 || (path[j - 1] < t && tree.sees(t)[path[j - 1]])));
+        let is_path = path.iter().enumerate().all(|(j, &t)| {
+            t < tree.len() && tree.depth(t) == j && (j == 0 || (path[j - 1] < t && tree.sees(t)[path[j - 1]]))
+        });
         if path.is_empty() || !is_path {
             return Err(Error::setting("kept path", format!("{path:?}"), "a path from the tree's root"));
         }

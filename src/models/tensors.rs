@@ -50,8 +50,10 @@ impl BlockTensors {
     /// # Errors
     /// [`Error::MissingTensor`], shape mismatches, read failures.
     pub fn read(source: &mut dyn TensorSource, c: &LlamaConfig, i: usize, device: &Device) -> Result<Self> {
-        let (h, q_out, kv_out, ff) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-        let mut read = |name: &str, shape: &[usize]| read_checked(source, &format!("blk.{i}.{name}.weight"), shape, device);
+        let (h, q_out, kv_out, ff) =
+            (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        let mut read =
+            |name: &str, shape: &[usize]| read_checked(source, &format!("blk.{i}.{name}.weight"), shape, device);
         Ok(Self {
             attn_norm: read("attn_norm", &[h])?,
             q: read("attn_q", &[q_out, h])?,
@@ -105,7 +107,10 @@ fn read_checked(source: &mut dyn TensorSource, name: &str, shape: &[usize], devi
 /// [`Error::Load`] unless `got == want`.
 pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<()> {
     if got != want {
-        return Err(Error::Load { path: name.into(), reason: format!("tensor `{name}` has shape {got:?}, expected {want:?}") });
+        return Err(Error::Load {
+            path: name.into(),
+            reason: format!("tensor `{name}` has shape {got:?}, expected {want:?}"),
+        });
     }
     Ok(())
 }

@@ -10,7 +10,11 @@ pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// under CI (`CI` set), where a missing model is a failure.
 pub fn model_path(name: &str) -> Option<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dirs = [std::env::var_os("SPECDEC_MODELS").map(PathBuf::from), Some(root.join("models-cache")), Some(root.join("../shared/models"))];
+    let dirs = [
+        std::env::var_os("SPECDEC_MODELS").map(PathBuf::from),
+        Some(root.join("models-cache")),
+        Some(root.join("../shared/models")),
+    ];
     let found = dirs.into_iter().flatten().map(|d| d.join(name)).find(|p| p.is_file());
     if found.is_none() {
         assert!(std::env::var_os("CI").is_none(), "model file {name} is missing under CI: run scripts/fetch-models.sh");

@@ -11,12 +11,12 @@ use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
 use crate::models::engine::{Backend, Engine, TreeShape};
 use crate::models::format::WeightFormat;
-use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
 use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
 use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
+use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
 use candle_core::quantized::{GgmlDType, QTensor};
 
 /// Weight rows per chunk of a parallel product: a multiple of the kernels' 4-row tiles, small
@@ -48,18 +48,22 @@ impl Matrix {
             };
             // Q4_K needs rows of whole 256-value super-blocks; narrower rows take Q4_1, its
             // 32-value cousin (as llama.cpp falls back for such tensors).
-            let target = target.map(|q| if q == GgmlDType::Q4K && !cols.is_multiple_of(256) { GgmlDType::Q4_1 } else { q });
+            let target =
+                target.map(|q| if q == GgmlDType::Q4K && !cols.is_multiple_of(256) { GgmlDType::Q4_1 } else { q });
             loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols.is_multiple_of(q.block_size())) {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
                 Some(q) => {
                     let requant = QTensor::quantize(&t.dequantize(&Device::Cpu)?, q)?;
                     Self::Quant(QMatrix::from_ggml(q, &requant.data()?, rows, cols)?)
                 }
-                None => Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols)),
+                None => {
+                    Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols))
+                }
             });
         }
         let cols = loaded.first().map_or(0, Self::cols);
-        let quant: Vec<QMatrix> = loaded.iter().filter_map(|m| if let Self::Quant(q) = m { Some(q.clone()) } else { None }).collect();
+        let quant: Vec<QMatrix> =
+            loaded.iter().filter_map(|m| if let Self::Quant(q) = m { Some(q.clone()) } else { None }).collect();
         if quant.len() == loaded.len() {
             if let Some(q) = QMatrix::stack(quant) {
                 return Ok(Self::Quant(q));
@@ -187,10 +191,13 @@ impl NativeWeights {
     /// Bytes of the matrices, which one token's forward pass streams (the embedding is read
     /// one row at a time, so it counts only when it is also the output head).
     pub fn matrix_bytes(&self) -> usize {
-        let blocks: usize = self.blocks.iter().map(|b| b.qkv.size_bytes() + b.o.size_bytes() + b.gate_up.size_bytes() + b.down.size_bytes()).sum();
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| b.qkv.size_bytes() + b.o.size_bytes() + b.gate_up.size_bytes() + b.down.size_bytes())
+            .sum();
         blocks + self.lm_head.as_ref().unwrap_or(&self.embed).size_bytes()
     }
-
 }
 
 impl Backend for NativeWeights {
@@ -210,11 +217,27 @@ impl Backend for NativeWeights {
 
     /// Writing at `pos` overwrites the cache from there: values are cut to `pos` positions
     /// before the new ones are appended, and keys are stored at their positions.
-    fn forward(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+    fn forward(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut NativeCache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
         self.run(c, cache, layers, pos, tokens, rows, None)
     }
 
-    fn forward_tree(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], tree: &TreeShape) -> Result<Vec<f32>> {
+    fn forward_tree(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut NativeCache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        tree: &TreeShape,
+    ) -> Result<Vec<f32>> {
         if tree.len() != tokens.len() {
             return Err(Error::setting("tree size", tree.len(), "one entry per token"));
         }
@@ -245,7 +268,16 @@ impl Backend for NativeWeights {
 impl NativeWeights {
     /// The forward pass of a chain (`tree` is `None`: token i at `pos + i`, causal) or a tree.
     #[allow(clippy::too_many_arguments)]
-    fn run(&self, c: &LlamaConfig, cache: &mut NativeCache, layers: &[usize], pos: usize, tokens: &[u32], rows: usize, tree: Option<&TreeShape>) -> Result<Vec<f32>> {
+    fn run(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut NativeCache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        tree: Option<&TreeShape>,
+    ) -> Result<Vec<f32>> {
         let n = tokens.len();
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
@@ -311,7 +343,16 @@ impl NativeWeights {
 /// Attention of `n` new rows at `pos` over the cache, the (row, head) pairs shared out over
 /// the thread team; `out` is resized to n × heads·hd.
 #[allow(clippy::too_many_arguments)]
-fn attend(s: Shape, q: &[f32], keys: &[Vec<f32>], values: &[f32], pos: usize, n: usize, tree: Option<&TreeShape>, out: &mut Vec<f32>) {
+fn attend(
+    s: Shape,
+    q: &[f32],
+    keys: &[Vec<f32>],
+    values: &[f32],
+    pos: usize,
+    n: usize,
+    tree: Option<&TreeShape>,
+    out: &mut Vec<f32>,
+) {
     let hd = s.head_dim;
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);

@@ -126,7 +126,10 @@ pub unsafe fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<u
 fn check(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: &Range<usize>) {
     let full = w.rows / TILE * TILE;
     let tiles_whole = cols.start.is_multiple_of(TILE) && (cols.end.is_multiple_of(TILE) || cols.end >= full);
-    assert!(x.len() >= m * w.cols && out.len() >= m * w.rows && cols.start <= cols.end && cols.end <= w.rows && tiles_whole, "matmul sizes");
+    assert!(
+        x.len() >= m * w.cols && out.len() >= m * w.rows && cols.start <= cols.end && cols.end <= w.rows && tiles_whole,
+        "matmul sizes"
+    );
 }
 
 /// The reference kernel, also the fallback (the kernel of CPUs without AVX2, aarch64 among
@@ -176,7 +179,15 @@ mod x86 {
     /// The sizes were checked by `check`, and the caller owns columns `cols` of `out`; `f`
     /// reads `group` rows of `x` and the tile and writes `group` × `tile rows` outputs.
     #[inline(always)]
-    unsafe fn drive(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>, group_rows: usize, f: impl Fn(*const f32, usize, *const f32, usize, *mut f32)) {
+    unsafe fn drive(
+        x: &[f32],
+        m: usize,
+        w: &Packed,
+        out: OutPtr,
+        cols: Range<usize>,
+        group_rows: usize,
+        f: impl Fn(*const f32, usize, *const f32, usize, *mut f32),
+    ) {
         let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
         let mut j = cols.start;
         while j < cols.end {
@@ -279,7 +290,9 @@ mod x86 {
             for i in 0..R {
                 // Two tiles ahead into L2, as in `tile512` (this kernel reads the rows at the
                 // same speed, so the same distance serves).
-                _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(2 * k.div_ceil(LANES) * R * LANES + i * LANES) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(
+                    base.wrapping_add(2 * k.div_ceil(LANES) * R * LANES + i * LANES) as *const i8
+                );
             }
             for half in 0..2 {
                 for i in 0..R {
@@ -309,7 +322,11 @@ mod tests {
     use super::*;
 
     fn naive(x: &[f32], m: usize, w: &[f32], k: usize, n: usize) -> Vec<f32> {
-        (0..m).flat_map(|r| (0..n).map(move |j| (0..k).map(|i| x[r * k + i] as f64 * w[j * k + i] as f64).sum::<f64>() as f32)).collect()
+        (0..m)
+            .flat_map(|r| {
+                (0..n).map(move |j| (0..k).map(|i| x[r * k + i] as f64 * w[j * k + i] as f64).sum::<f64>() as f32)
+            })
+            .collect()
     }
 
     fn data(len: usize, seed: u32) -> Vec<f32> {
@@ -321,7 +338,10 @@ mod tests {
     fn kernels() -> Vec<(&'static str, Kernel)> {
         // SAFETY (all of these): the CPU has the features, and the tests call each kernel on
         // one thread at a time with fitting sizes.
-        let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", |x, m, w, o, c| unsafe { matmul_portable(x, m, w, o, c) }), ("dispatch", |x, m, w, o, c| unsafe { matmul(x, m, w, o, c) })];
+        let mut ks: Vec<(&'static str, Kernel)> = vec![
+            ("portable", |x, m, w, o, c| unsafe { matmul_portable(x, m, w, o, c) }),
+            ("dispatch", |x, m, w, o, c| unsafe { matmul(x, m, w, o, c) }),
+        ];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
@@ -352,7 +372,17 @@ mod tests {
     #[test]
     fn every_kernel_matches_the_naive_product_on_odd_shapes() {
         for (name, kernel) in kernels() {
-            for &(m, k, n) in &[(1, 1, 1), (1, 17, 5), (2, 31, 9), (3, 64, 7), (5, 100, 13), (8, 15, 4), (9, 576, 11), (4, 33, 3), (6, 48, 21)] {
+            for &(m, k, n) in &[
+                (1, 1, 1),
+                (1, 17, 5),
+                (2, 31, 9),
+                (3, 64, 7),
+                (5, 100, 13),
+                (8, 15, 4),
+                (9, 576, 11),
+                (4, 33, 3),
+                (6, 48, 21),
+            ] {
                 let (x, w) = (data(m * k, 1), data(n * k, 2));
                 let packed = Packed::pack(&w, n, k);
                 let want = naive(&x, m, &w, k, n);

@@ -89,7 +89,13 @@ struct Rows {
 /// # Safety
 /// As `drive`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
 #[inline(always)]
-unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: &OutPtr) {
+unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
+    a: &QActs,
+    w: &QMatrix,
+    r0: usize,
+    c0: usize,
+    out: &OutPtr,
+) {
     let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
     let four = w.bits == Bits::Four;
@@ -106,9 +112,11 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(a: &QActs, 
                 // Byte j of a chunk pair holds position j of chunk p (low nibble) and of p + 1.
                 let at = qs.add(i * row_bytes + p * 32);
                 prefetch(at.wrapping_add(AHEAD * row_bytes));
-                let (v0, v1) = (_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i));
+                let (v0, v1) =
+                    (_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i));
                 let lo = [_mm256_and_si256(v0, low), _mm256_and_si256(v1, low)];
-                let hi = [_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low)];
+                let hi =
+                    [_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low)];
                 accumulate::<M, VNNI, false>(acc_i, lo, scales(wd.add(i * nb + 2 * p)), x, p);
                 accumulate::<M, VNNI, false>(acc_i, hi, scales(wd.add(i * nb + 2 * p + 2)), x, p + 1);
             }
@@ -128,7 +136,8 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(a: &QActs, 
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 let at = qs.add(i * row_bytes + p * CHUNK);
                 prefetch(at.wrapping_add(AHEAD * row_bytes));
-                let mut codes = [_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i)];
+                let mut codes =
+                    [_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i)];
                 if VNNI {
                     accumulate::<M, true, false>(acc_i, codes, scales(wd.add(i * nb + 2 * p)), x, p);
                 } else {
@@ -158,7 +167,13 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(a: &QActs, 
 /// # Safety
 /// AVX2 (and AVX-VNNI when `VNNI`); `x` points at M rows holding chunk `p`.
 #[inline(always)]
-unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(acc: &mut [__m256; M], codes: [__m256i; 2], scale: __m256, x: Rows, p: usize) {
+unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(
+    acc: &mut [__m256; M],
+    codes: [__m256i; 2],
+    scale: __m256,
+    x: Rows,
+    p: usize,
+) {
     for (r, a) in acc.iter_mut().enumerate() {
         let xp = x.xq.add(r * x.padded + p * CHUNK);
         let (x0, x1) = (_mm256_loadu_si256(xp as *const __m256i), _mm256_loadu_si256(xp.add(32) as *const __m256i));
@@ -172,7 +187,8 @@ unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(acc: 
             let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], x0), _mm256_maddubs_epi16(codes[1], x1));
             _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
         };
-        let sx = _mm256_castsi256_ps(_mm256_set1_epi64x(std::ptr::read_unaligned(x.dx.add(r * x.nb + 2 * p) as *const i64)));
+        let sx =
+            _mm256_castsi256_ps(_mm256_set1_epi64x(std::ptr::read_unaligned(x.dx.add(r * x.nb + 2 * p) as *const i64)));
         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, sx), *a);
     }
 }

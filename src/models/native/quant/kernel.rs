@@ -4,9 +4,9 @@
 
 use std::ops::Range;
 
-use super::{half, position, QActs, QMatrix, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
+use super::{half, position, QActs, QMatrix, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::Level;
 use crate::models::native::out_ptr::OutPtr;
@@ -50,7 +50,10 @@ pub unsafe fn qmatmul(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
 }
 
 fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
-    assert!(a.padded == w.padded && cols.start <= cols.end && cols.end <= w.rows && out.len() >= a.rows * w.rows, "qmatmul sizes");
+    assert!(
+        a.padded == w.padded && cols.start <= cols.end && cols.end <= w.rows && out.len() >= a.rows * w.rows,
+        "qmatmul sizes"
+    );
     assert!(a.xq.len() >= a.rows * a.padded && a.dx.len() >= a.rows * a.padded / 32, "qmatmul activations");
 }
 
@@ -98,7 +101,10 @@ mod candle_agreement {
             let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
             let q = QTensor::quantize(&wt, dtype).unwrap();
             let ours = QMatrix::from_ggml(dtype, &q.data().unwrap(), n, k).unwrap();
-            let theirs = QMatMul::from_qtensor(q).unwrap().forward(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap()).unwrap();
+            let theirs = QMatMul::from_qtensor(q)
+                .unwrap()
+                .forward(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap())
+                .unwrap();
             let theirs = theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let mut acts = QActs::default();
             acts.quantize(&x, m, k);
@@ -125,7 +131,10 @@ mod tests {
     fn variants() -> Vec<(&'static str, Kernel)> {
         // SAFETY (all of these): the CPU has the level's features, and the tests call each
         // kernel on one thread at a time with fitting sizes.
-        let mut ks: Vec<(&'static str, Kernel)> = vec![("portable", |a, w, o, c| unsafe { qmatmul_portable(a, w, o, c) }), ("dispatch", |a, w, o, c| unsafe { qmatmul(a, w, o, c) })];
+        let mut ks: Vec<(&'static str, Kernel)> = vec![
+            ("portable", |a, w, o, c| unsafe { qmatmul_portable(a, w, o, c) }),
+            ("dispatch", |a, w, o, c| unsafe { qmatmul(a, w, o, c) }),
+        ];
         #[cfg(target_arch = "x86_64")]
         {
             if Level::Avx2.available() {
@@ -171,7 +180,14 @@ mod tests {
                 let (w, deq) = repack(dtype, n, k);
                 for m in 1..=9 {
                     let x = data(m * k, 3);
-                    let want: Vec<f32> = (0..m).flat_map(|r| (0..n).map({ let (x, deq) = (&x, &deq); move |c| (0..k).map(|i| x[r * k + i] * deq[c * k + i]).sum::<f32>() })).collect();
+                    let want: Vec<f32> = (0..m)
+                        .flat_map(|r| {
+                            (0..n).map({
+                                let (x, deq) = (&x, &deq);
+                                move |c| (0..k).map(|i| x[r * k + i] * deq[c * k + i]).sum::<f32>()
+                            })
+                        })
+                        .collect();
                     let mut acts = QActs::default();
                     acts.quantize(&x, m, k);
                     for (name, kernel) in &kernels {

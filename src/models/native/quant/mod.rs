@@ -18,7 +18,6 @@
 //! nibbles for the first chunk, high for the second), so one load and three operations unpack
 //! 128 codes.
 
-
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
@@ -73,7 +72,11 @@ impl QMatrix {
         let block = dtype.block_size();
         let expected = rows * cols / block * dtype.type_size();
         if !Self::supports(dtype) || !cols.is_multiple_of(block) || bytes.len() != expected {
-            return Err(Error::setting("quantized tensor", format!("{dtype:?} {rows}x{cols}, {} bytes", bytes.len()), "Q8_0, Q4_0, Q4_1 or Q4_K with whole blocks per row"));
+            return Err(Error::setting(
+                "quantized tensor",
+                format!("{dtype:?} {rows}x{cols}, {} bytes", bytes.len()),
+                "Q8_0, Q4_0, Q4_1 or Q4_K with whole blocks per row",
+            ));
         }
         let bits = if dtype == GgmlDType::Q8_0 { Bits::Eight } else { Bits::Four };
         let padded = cols.div_ceil(CHUNK) * CHUNK;
@@ -165,7 +168,11 @@ impl QMatrix {
             Bits::Four if chunk + 1 < self.padded / CHUNK => qs[chunk * 32 + pos] & 0xF,
             Bits::Four => {
                 let byte = qs[chunk * 32 + pos % 32];
-                if pos < 32 { byte & 0xF } else { byte >> 4 }
+                if pos < 32 {
+                    byte & 0xF
+                } else {
+                    byte >> 4
+                }
             }
         }
     }
@@ -305,14 +312,17 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     pub(super) fn data(len: usize, seed: u32) -> Vec<f32> {
-        (0..len).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2000) as f32 / 1000.0 - 1.0).collect()
+        (0..len)
+            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2000) as f32 / 1000.0 - 1.0)
+            .collect()
     }
 
     /// Quantizes with candle, repacks, and compares the dequantized rows with candle's.
     pub(super) fn repack(dtype: GgmlDType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
         let w = Tensor::from_vec(data(rows * cols, 7), (rows, cols), &Device::Cpu).expect("tensor");
         let q = QTensor::quantize(&w, dtype).expect("quantize");
-        let deq = q.dequantize(&Device::Cpu).expect("dequantize").flatten_all().expect("flat").to_vec1::<f32>().expect("vec");
+        let deq =
+            q.dequantize(&Device::Cpu).expect("dequantize").flatten_all().expect("flat").to_vec1::<f32>().expect("vec");
         let m = QMatrix::from_ggml(dtype, &q.data().expect("bytes"), rows, cols).expect("repack");
         (m, deq)
     }
