@@ -22,7 +22,7 @@ const TOKENS: [u32; 8] = [10, 11, 12, 13, 14, 15, 16, 17];
 /// The tree's root-to-leaf paths (token indices).
 fn paths(tree: &TreeShape) -> Vec<Vec<usize>> {
     let n = tree.len();
-    let leaves = (0..n).filter(|&i| !PARENTS.iter().any(|&p| p == i));
+    let leaves = (0..n).filter(|i| !PARENTS.contains(i));
     leaves.map(|leaf| (0..=leaf).filter(|&j| tree.sees(leaf)[j]).collect()).collect()
 }
 

@@ -231,7 +231,16 @@ mod tests {
         let rows = [[0.0f32, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]];
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for _ in 0..100 {
-            let v = verify_tree(&nodes, |r, buf| Ok(buf.clone_from(&rows[r].to_vec())), &mut rng).unwrap();
+            let v = verify_tree(
+                &nodes,
+                |r, buf| {
+                    buf.clear();
+                    buf.extend_from_slice(&rows[r]);
+                    Ok(())
+                },
+                &mut rng,
+            )
+            .unwrap();
             assert_eq!(v, TreeVerdict { path: vec![1, 2], tokens: vec![1, 3, 0] });
         }
     }
