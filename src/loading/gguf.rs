@@ -43,7 +43,8 @@ impl GgufFile {
     /// [`Error::Load`] for a missing, truncated or corrupt file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| Error::Load { path: path.clone(), reason: format!("cannot open: {e}") })?;
+        let file =
+            File::open(&path).map_err(|e| Error::Load { path: path.clone(), reason: format!("cannot open: {e}") })?;
         Self::from_reader(Box::new(BufReader::new(file)), path)
     }
 
@@ -69,7 +70,10 @@ impl GgufFile {
                 .and_then(|end| end.checked_add(info.offset));
             if end.is_none_or(|end| end > len) {
                 let dims = info.shape.dims();
-                return Err(fail(format!("truncated or corrupt: tensor `{name}` ({dims:?}, {:?}) does not fit in the file's {len} bytes", info.ggml_dtype)));
+                return Err(fail(format!(
+                    "truncated or corrupt: tensor `{name}` ({dims:?}, {:?}) does not fit in the file's {len} bytes",
+                    info.ggml_dtype
+                )));
             }
         }
         Ok(Self { path, content, reader })
@@ -133,7 +137,8 @@ impl GgufFile {
         }
         let hidden_size = self.get_u32("llama.embedding_length")? as usize;
         let num_heads = self.get_u32("llama.attention.head_count")? as usize;
-        let embd_rows = self.content.tensor_infos.get("token_embd.weight").and_then(|t| t.shape.dims().first().copied());
+        let embd_rows =
+            self.content.tensor_infos.get("token_embd.weight").and_then(|t| t.shape.dims().first().copied());
         let vocab_size = match self.metadata("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()) {
             Some(tokens) => tokens.len(),
             None => embd_rows.ok_or_else(|| Error::MissingTensor("token_embd.weight".into()))?,
@@ -146,7 +151,10 @@ impl GgufFile {
             num_layers: self.get_u32("llama.block_count")? as usize,
             num_heads,
             num_kv_heads: self.get_u32("llama.attention.head_count_kv").map(|v| v as usize).unwrap_or(num_heads),
-            head_dim: self.get_u32("llama.rope.dimension_count").map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1)),
+            head_dim: self
+                .get_u32("llama.rope.dimension_count")
+                .map(|v| v as usize)
+                .unwrap_or(hidden_size / num_heads.max(1)),
             rope_theta: self.get_f32("llama.rope.freq_base").unwrap_or(10_000.0),
             rms_norm_eps: self.get_f32("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
             max_context: self.get_u32("llama.context_length")? as usize,
@@ -231,7 +239,8 @@ struct Walk<'a, R: Read> {
 
 impl<R: Read> Walk<'_, R> {
     fn take(&mut self, n: u64) -> std::result::Result<(), String> {
-        self.left = self.left.checked_sub(n).ok_or_else(|| format!("{n} bytes needed, {} left in the file", self.left))?;
+        self.left =
+            self.left.checked_sub(n).ok_or_else(|| format!("{n} bytes needed, {} left in the file", self.left))?;
         Ok(())
     }
 
@@ -244,8 +253,13 @@ impl<R: Read> Walk<'_, R> {
 
     fn skip(&mut self, n: u64) -> std::result::Result<(), String> {
         self.take(n)?;
-        let copied = std::io::copy(&mut self.reader.by_ref().take(n), &mut std::io::sink()).map_err(|e| e.to_string())?;
-        if copied == n { Ok(()) } else { Err("unexpected end of file".into()) }
+        let copied =
+            std::io::copy(&mut self.reader.by_ref().take(n), &mut std::io::sink()).map_err(|e| e.to_string())?;
+        if copied == n {
+            Ok(())
+        } else {
+            Err("unexpected end of file".into())
+        }
     }
 
     fn u32(&mut self) -> std::result::Result<u32, String> {
