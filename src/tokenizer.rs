@@ -236,12 +236,18 @@ fn sentencepiece_json(
     bos: Option<u32>,
     unk: u32,
 ) -> Result<Json> {
-    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    // Tries over the tokens' bytes, forwards and backwards, find every split of a token into a
+    // token prefix and a token suffix in time linear in its length (a hash lookup per split is
+    // quadratic, and a forged file can hold a token of megabytes).
+    let forward = Trie::new(tokens.iter().map(|t| t.bytes()));
+    let backward = Trie::new(tokens.iter().map(|t| t.bytes().rev()));
     let mut merges: Vec<(f32, usize, String)> = Vec::new();
     for (id, token) in tokens.iter().enumerate().filter(|&(i, _)| types.get(i).is_none_or(|&t| t == 1)) {
-        for (split, _) in token.char_indices().skip(1) {
-            let (left, right) = token.split_at(split);
-            if ids.contains_key(left) && ids.contains_key(right) {
+        let (prefixes, suffixes) = (forward.matches(token.bytes()), backward.matches(token.bytes().rev()));
+        for split in 1..token.len() {
+            // A prefix that is a whole token ends on a character boundary.
+            let Some((left, right)) = token.split_at_checked(split) else { continue };
+            if prefixes[split] && suffixes[token.len() - split] {
                 merges.push((scores.get(id).copied().unwrap_or(0.0), id, format!("{left} {right}")));
             }
         }
@@ -268,6 +274,46 @@ fn sentencepiece_json(
                   "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
                   "vocab": vocab_map(tokens), "merges": merges.into_iter().map(|m| m.2).collect::<Vec<_>>()}
     }))
+}
+
+/// A byte trie: which strings of a set are prefixes of a given string.
+struct Trie {
+    edges: HashMap<(usize, u8), usize>,
+    ends: Vec<bool>,
+}
+
+impl Trie {
+    fn new<W: Iterator<Item = u8>>(words: impl Iterator<Item = W>) -> Self {
+        let (mut edges, mut ends) = (HashMap::new(), vec![false]);
+        for word in words {
+            let mut node = 0;
+            for b in word {
+                node = *edges.entry((node, b)).or_insert_with(|| {
+                    ends.push(false);
+                    ends.len() - 1
+                });
+            }
+            ends[node] = true;
+        }
+        Self { edges, ends }
+    }
+
+    /// `m[n]` is true when the first `n` bytes of `s` are one of the words.
+    fn matches(&self, s: impl ExactSizeIterator<Item = u8>) -> Vec<bool> {
+        let mut m = vec![false; s.len() + 1];
+        let mut node = Some(0);
+        for (n, b) in s.enumerate() {
+            m[n] = node.is_some_and(|i| self.ends[i]);
+            node = node.and_then(|i| self.edges.get(&(i, b)).copied());
+            if node.is_none() {
+                return m;
+            }
+        }
+        if let (Some(i), Some(last)) = (node, m.last_mut()) {
+            *last = self.ends[i];
+        }
+        m
+    }
 }
 
 /// Turns a growing list of token ids into text increments, holding back bytes that do not yet

@@ -1,12 +1,20 @@
 //! GGUF files (v1 to v3): metadata → [`LlamaConfig`] and [`Tokenizer`], tensors as candle
 //! `QTensor`s. candle parses the header (with its own bounds checks); this module adds the
-//! checks a truncated file needs and turns every failure into a typed error.
+//! checks a truncated or forged file needs and turns every failure into a typed error.
+//!
+//! What is guarded before candle sees a file (candle 0.11 bounds string and array lengths and
+//! entry counts by the bytes left in the file, and nesting at 64 levels, itself):
+//! - `general.alignment` = 0, which candle's parser divides by ([`check_header`]);
+//! - more than [`MAX_ARRAY_ELEMENTS`] metadata array elements in all: each takes one byte on
+//!   disk but 32 in memory, so a forged multi-GB file could ask for 32 times its size;
+//! - tensors whose element count overflows, is zero (candle would view an empty buffer through
+//!   a misaligned pointer), or does not fit in the file.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
 use candle_core::quantized::QTensor;
 use candle_core::Device;
 
@@ -14,11 +22,18 @@ use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
 use crate::tokenizer::Tokenizer;
 
+/// Metadata array elements a file may hold in all (Llama 3's vocabulary and merges are ~0.4 M).
+pub const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
+
+/// Where the bytes come from: a file, or memory for tests and fuzzing.
+trait Source: Read + Seek + Send + Sync {}
+impl<T: Read + Seek + Send + Sync> Source for T {}
+
 /// An open GGUF file.
 pub struct GgufFile {
     path: PathBuf,
     content: Content,
-    reader: BufReader<File>,
+    reader: Box<dyn Source>,
 }
 
 impl GgufFile {
@@ -28,20 +43,36 @@ impl GgufFile {
     /// [`Error::Load`] for a missing, truncated or corrupt file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        let file =
+            File::open(&path).map_err(|e| Error::Load { path: path.clone(), reason: format!("cannot open: {e}") })?;
+        Self::from_reader(Box::new(BufReader::new(file)), path)
+    }
+
+    /// Reads a GGUF file held in memory, with the same checks as [`open`](Self::open); errors
+    /// name the path `<memory>`.
+    ///
+    /// # Errors
+    /// [`Error::Load`] for a truncated or corrupt file.
+    pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Result<Self> {
+        Self::from_reader(Box::new(Cursor::new(bytes.into())), PathBuf::from("<memory>"))
+    }
+
+    fn from_reader(mut reader: Box<dyn Source>, path: PathBuf) -> Result<Self> {
         let fail = |reason: String| Error::Load { path: path.clone(), reason };
-        let file = File::open(&path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        let len = file.metadata()?.len();
-        let mut reader = BufReader::new(file);
+        let len = reader.seek(SeekFrom::End(0))?;
+        reader.seek(SeekFrom::Start(0))?;
+        check_header(&mut reader, len).map_err(|e| fail(format!("not a readable GGUF file: {e}")))?;
+        reader.seek(SeekFrom::Start(0))?;
         let content = Content::read(&mut reader).map_err(|e| fail(format!("not a readable GGUF file: {e}")))?;
         for (name, info) in &content.tensor_infos {
-            let blocks = info.shape.elem_count() / info.ggml_dtype.block_size();
-            let end = (blocks as u64)
-                .checked_mul(info.ggml_dtype.type_size() as u64)
+            let end = tensor_bytes(info)
                 .and_then(|size| size.checked_add(content.tensor_data_offset))
                 .and_then(|end| end.checked_add(info.offset));
-            if end.is_none_or(|end| end > len) || info.shape.elem_count() % info.ggml_dtype.block_size() != 0 {
+            if end.is_none_or(|end| end > len) {
+                let dims = info.shape.dims();
                 return Err(fail(format!(
-                    "truncated or corrupt: tensor `{name}` does not fit in the file's {len} bytes"
+                    "truncated or corrupt: tensor `{name}` ({dims:?}, {:?}) does not fit in the file's {len} bytes",
+                    info.ggml_dtype
                 )));
             }
         }
@@ -78,10 +109,12 @@ impl GgufFile {
 
     fn get_u32(&self, key: &str) -> Result<u32> {
         let value = self.metadata(key).ok_or_else(|| self.bad(format!("metadata `{key}` is missing")))?;
-        value
-            .to_u32()
-            .or_else(|_| value.to_u64().map(|v| v as u32))
-            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+        match value.to_u32() {
+            Ok(v) => Ok(v),
+            Err(_) => value.to_u64().map_err(|e| self.bad(format!("metadata `{key}`: {e}"))).and_then(|v| {
+                u32::try_from(v).map_err(|_| self.bad(format!("metadata `{key}` = {v} is out of range")))
+            }),
+        }
     }
 
     fn get_f32(&self, key: &str) -> Option<f32> {
@@ -104,7 +137,8 @@ impl GgufFile {
         }
         let hidden_size = self.get_u32("llama.embedding_length")? as usize;
         let num_heads = self.get_u32("llama.attention.head_count")? as usize;
-        let embd_rows = self.content.tensor_infos.get("token_embd.weight").map(|t| t.shape.dims()[0]);
+        let embd_rows =
+            self.content.tensor_infos.get("token_embd.weight").and_then(|t| t.shape.dims().first().copied());
         let vocab_size = match self.metadata("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()) {
             Some(tokens) => tokens.len(),
             None => embd_rows.ok_or_else(|| Error::MissingTensor("token_embd.weight".into()))?,
@@ -136,5 +170,147 @@ impl GgufFile {
     /// [`Error::Tokenizer`] when it is absent or of a kind this crate does not rebuild.
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         Tokenizer::from_gguf_metadata(&self.content.metadata)
+    }
+}
+
+/// Bytes of a tensor's data, or `None` when its element count overflows, is zero or is not a
+/// whole number of blocks.
+fn tensor_bytes(info: &TensorInfo) -> Option<u64> {
+    let elems = info.shape.dims().iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))?;
+    usize::try_from(elems).ok()?;
+    let block = info.ggml_dtype.block_size() as u64;
+    (elems > 0 && elems % block == 0).then_some(elems / block)?.checked_mul(info.ggml_dtype.type_size() as u64)
+}
+
+/// Walks the header's metadata with candle's grammar, keeping nothing, and rejects what
+/// candle's parser would panic on or blow up from (see the module docs). Fails where the walk
+/// cannot go on: candle would fail there too.
+fn check_header(reader: &mut impl Read, len: u64) -> std::result::Result<(), String> {
+    let mut walk = Walk { reader, left: len, v1: false, elements: 0 };
+    let magic = walk.u32()?;
+    if magic != 0x4655_4747 && magic != 0x4747_5546 {
+        return Err(format!("unknown magic 0x{magic:08x}"));
+    }
+    walk.v1 = match walk.u32()? {
+        1 => true,
+        2 | 3 => false,
+        v => return Err(format!("unsupported version {v}")),
+    };
+    let (_tensors, entries) = (walk.length()?, walk.length()?);
+    for _ in 0..entries {
+        let key_len = walk.length()?;
+        let is_alignment = if key_len <= 64 {
+            let key = walk.bytes(key_len as usize)?;
+            trim_nuls(&key) == b"general.alignment"
+        } else {
+            walk.skip(key_len)?;
+            false
+        };
+        let kind = walk.u32()?;
+        if is_alignment && matches!(kind, 0..=5) {
+            let width = [1, 1, 2, 2, 4, 4][kind as usize];
+            if walk.bytes(width)?.iter().all(|&b| b == 0) {
+                return Err("`general.alignment` is 0".into());
+            }
+        } else {
+            walk.value(kind, 0)?;
+        }
+    }
+    Ok(())
+}
+
+fn trim_nuls(mut s: &[u8]) -> &[u8] {
+    while let [rest @ .., 0] = s {
+        s = rest;
+    }
+    s
+}
+
+/// A bounded cursor over a GGUF header.
+struct Walk<'a, R: Read> {
+    reader: &'a mut R,
+    /// Bytes left in the file.
+    left: u64,
+    /// Version 1 writes lengths as u32, later versions as u64.
+    v1: bool,
+    /// Metadata array elements seen so far.
+    elements: u64,
+}
+
+impl<R: Read> Walk<'_, R> {
+    fn take(&mut self, n: u64) -> std::result::Result<(), String> {
+        self.left =
+            self.left.checked_sub(n).ok_or_else(|| format!("{n} bytes needed, {} left in the file", self.left))?;
+        Ok(())
+    }
+
+    fn bytes(&mut self, n: usize) -> std::result::Result<Vec<u8>, String> {
+        self.take(n as u64)?;
+        let mut buf = vec![0; n];
+        self.reader.read_exact(&mut buf).map_err(|e| e.to_string())?;
+        Ok(buf)
+    }
+
+    fn skip(&mut self, n: u64) -> std::result::Result<(), String> {
+        self.take(n)?;
+        let copied =
+            std::io::copy(&mut self.reader.by_ref().take(n), &mut std::io::sink()).map_err(|e| e.to_string())?;
+        if copied == n {
+            Ok(())
+        } else {
+            Err("unexpected end of file".into())
+        }
+    }
+
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn length(&mut self) -> std::result::Result<u64, String> {
+        if self.v1 {
+            return self.u32().map(u64::from);
+        }
+        let b = self.bytes(8)?;
+        Ok(u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+    }
+
+    /// Skips one value of type `kind` (GGUF's numbering) at nesting `depth`.
+    fn value(&mut self, kind: u32, depth: usize) -> std::result::Result<(), String> {
+        if depth > 64 {
+            return Err("metadata arrays nested more than 64 deep".into());
+        }
+        if let Some(size) = fixed_size(kind) {
+            return self.skip(size);
+        }
+        match kind {
+            8 => {
+                let n = self.length()?;
+                self.skip(n)
+            }
+            9 => {
+                let (kind, n) = (self.u32()?, self.length()?);
+                self.elements = self.elements.saturating_add(n);
+                if self.elements > MAX_ARRAY_ELEMENTS {
+                    return Err(format!("more than {MAX_ARRAY_ELEMENTS} metadata array elements"));
+                }
+                match fixed_size(kind) {
+                    Some(size) if depth < 64 => self.skip(n.saturating_mul(size)),
+                    _ => (0..n).try_for_each(|_| self.value(kind, depth + 1)),
+                }
+            }
+            other => Err(format!("unknown value type {other}")),
+        }
+    }
+}
+
+/// Bytes of one value of a fixed-size GGUF type.
+fn fixed_size(kind: u32) -> Option<u64> {
+    match kind {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
     }
 }
