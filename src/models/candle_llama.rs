@@ -5,7 +5,7 @@
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::models::config::LlamaConfig;
 use crate::models::engine::{Backend, Engine, TreeShape};
 use crate::models::format::WeightFormat;
@@ -111,9 +111,6 @@ impl Backend for CandleWeights {
         tokens: &[u32],
         tree: &TreeShape,
     ) -> Result<Vec<f32>> {
-        if tree.len() != tokens.len() {
-            return Err(Error::setting("tree size", tree.len(), "one entry per token"));
-        }
         self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree))
     }
 

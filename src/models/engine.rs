@@ -69,7 +69,8 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Scores a tree in one call: token 0 (the pending token) at position `pos`, token `i` at
     /// `pos + tree.depth(i)`, each attending to the cache's first `pos` positions and to its own
     /// ancestors in the tree (itself included). Token `i`'s keys and values go to cache slot
-    /// `pos + i`; one logits row per token comes back.
+    /// `pos + i`; one logits row per token comes back. The caller checks, beside what
+    /// [`forward`](Backend::forward) needs, that the tree has one entry per token.
     ///
     /// # Errors
     /// Backend failures.

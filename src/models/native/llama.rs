@@ -238,9 +238,6 @@ impl Backend for NativeWeights {
         tokens: &[u32],
         tree: &TreeShape,
     ) -> Result<Vec<f32>> {
-        if tree.len() != tokens.len() {
-            return Err(Error::setting("tree size", tree.len(), "one entry per token"));
-        }
         self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree))
     }
 
