@@ -155,3 +155,43 @@ fn a_megabyte_token_does_not_stall_the_sentencepiece_rebuild() -> Result<()> {
     assert_eq!(tok.decode(&tok.encode("aaaa")?)?, "aaaa");
     Ok(())
 }
+
+/// What the `hf_dir` fuzz target does: a folder with `config.json` and a safetensors file
+/// holding one `[rows, 16]` f32 query weight, then that weight read back.
+fn load_hf_dir(tag: &str, config: &str, rows: usize) -> Result<()> {
+    use specdec::loading::{SafetensorsDir, TensorSource};
+    let dir = std::env::temp_dir().join(format!("specdec-fuzz-regression-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let data = vec![0u8; rows * 16 * 4];
+    let header = format!(
+        r#"{{"model.layers.0.self_attn.q_proj.weight":{{"dtype":"F32","shape":[{rows},16],"data_offsets":[0,{}]}}}}"#,
+        data.len()
+    );
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header.as_bytes());
+    file.extend(&data);
+    std::fs::write(dir.join("config.json"), config)?;
+    std::fs::write(dir.join("model.safetensors"), file)?;
+    let read = SafetensorsDir::open(&dir).and_then(|mut st| st.qtensor("blk.0.attn_q.weight", &Device::Cpu).map(drop));
+    std::fs::remove_dir_all(&dir)?;
+    read
+}
+
+fn hf_config(heads: usize) -> String {
+    format!(
+        r#"{{"model_type":"llama","vocab_size":32,"hidden_size":16,"intermediate_size":24,
+        "num_hidden_layers":1,"num_attention_heads":{heads},"num_key_value_heads":1,"head_dim":8}}"#
+    )
+}
+
+#[test]
+fn zero_attention_heads_is_an_error_not_a_division_by_zero() -> Result<()> {
+    // Found by the `hf_dir` target: `num_attention_heads: 0` passed the config checks, then the
+    // query weight's head reordering divided by it.
+    load_hf_dir("heads1", &hf_config(1), 8)?;
+    match load_hf_dir("heads0", &hf_config(0), 8) {
+        Err(Error::InvalidSetting { name, .. }) => assert_eq!(name, "num_heads"),
+        other => panic!("expected InvalidSetting(num_heads), got {other:?}"),
+    }
+    Ok(())
+}

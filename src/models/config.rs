@@ -38,9 +38,10 @@ impl LlamaConfig {
     /// # Errors
     /// [`Error::InvalidSetting`] naming the first size that does not fit.
     pub fn validate(&self) -> Result<()> {
-        let checks: [(&'static str, usize, bool, &'static str); 6] = [
+        let checks: [(&'static str, usize, bool, &'static str); 7] = [
             ("vocab_size", self.vocab_size, self.vocab_size > 0, "at least 1"),
             ("num_layers", self.num_layers, self.num_layers > 0, "at least 1"),
+            ("num_heads", self.num_heads, self.num_heads > 0, "at least 1"),
             (
                 "num_kv_heads",
                 self.num_kv_heads,
