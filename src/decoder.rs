@@ -6,9 +6,10 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::adaptive::{KController, KPolicy, RoundReport};
+use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
+use crate::draft::{DraftTree, TreeBudget};
 use crate::error::{Error, Result};
-use crate::kernel::{self, DraftRow, Verdict};
+use crate::kernel::{self, DraftRow, TreeNode, Verdict};
 use crate::model::{DraftModel, Proposal, TargetModel};
 use crate::sampling::{argmax, sample, SamplingConfig};
 use crate::stats::{FinishReason, Generation, Stats};
@@ -79,11 +80,22 @@ pub struct DecoderBuilder<D, T> {
     draft: D,
     target: T,
     policy: KPolicy,
+    tree: TreePolicy,
     sampling: SamplingConfig,
     stop: StopRule,
 }
 
 impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
+    /// Whether rounds draft trees of candidates rather than one chain (default: chains only;
+    /// see [`TreePolicy`]). The target scores a tree in one call through
+    /// [`TargetModel::forward_tree`] and the tree is judged exactly
+    /// ([`verify_tree`](kernel::verify_tree)); the draft proposes it through
+    /// [`DraftModel::propose_tree`].
+    pub fn tree(mut self, policy: TreePolicy) -> Self {
+        self.tree = policy;
+        self
+    }
+
     /// Drafts `k` tokens every round: shorthand for `k_policy(KPolicy::Fixed(k))`. The default
     /// is adaptive (see [`KPolicy::default`]); a fixed k makes sampled output reproducible from
     /// the seed, but is slower than plain decoding where the draft turns out costly.
@@ -141,6 +153,7 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             draft: self.draft,
             target: self.target,
             k,
+            shape: ShapeChooser::new(self.tree),
             sampling: self.sampling,
             stop: self.stop,
             ctx: Vec::new(),
@@ -171,6 +184,7 @@ pub struct SpeculativeDecoder<D, T> {
     draft: D,
     target: T,
     k: KController,
+    shape: ShapeChooser,
     sampling: SamplingConfig,
     stop: StopRule,
     rng: StdRng,
@@ -199,6 +213,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             draft,
             target,
             policy: KPolicy::default(),
+            tree: TreePolicy::default(),
             sampling: SamplingConfig::greedy(),
             stop: StopRule::default(),
         }
@@ -320,6 +335,11 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         &self.k
     }
 
+    /// What chooses between chain and tree rounds, with what it measured.
+    pub fn shape_chooser(&self) -> &ShapeChooser {
+        &self.shape
+    }
+
     /// The draft model.
     pub fn draft(&self) -> &D {
         &self.draft
@@ -335,13 +355,24 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         (self.draft, self.target)
     }
 
-    /// One round: draft, verify in one target call, roll back. Returns the verdict.
+    /// One round, a chain or a tree as the shape chooser says. Returns the verdict.
+    fn round(&mut self) -> Result<Verdict> {
+        let remaining = self.stop.max_new_tokens - (self.ctx.len() - self.prompt_len);
+        let start = Instant::now();
+        let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
+            Some(b) if remaining > 1 => (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true),
+            _ => (self.chain_round(remaining)?, false),
+        };
+        self.shape.observe(tree, verdict.tokens.len(), start.elapsed().as_secs_f64());
+        Ok(verdict)
+    }
+
+    /// A chain round: draft, verify in one target call, roll back.
     ///
     /// k = 0 is a plain step: the target verifies only the pending token and the kernel's bonus
     /// path samples the next one from its row.
-    fn round(&mut self) -> Result<Verdict> {
+    fn chain_round(&mut self, remaining: usize) -> Result<Verdict> {
         let n = self.ctx.len();
-        let remaining = self.stop.max_new_tokens - (n - self.prompt_len);
         let k = self.k.next_k().min(remaining - 1);
         if k > 0 {
             self.catch_up_draft()?;
@@ -421,6 +452,87 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             dense.push(is_dense);
         }
         Ok((drafted, dense))
+    }
+
+    /// A tree round: the draft proposes a tree, the target scores it in one call, the kernel
+    /// walks it, and both models keep the accepted path.
+    fn tree_round(&mut self, budget: TreeBudget) -> Result<Verdict> {
+        let n = self.ctx.len();
+        let feed = pending(&self.ctx, self.draft.context_len(), "draft")?;
+        let draft = &mut self.draft;
+        let tree = timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget))?;
+        self.stats.draft_calls += 1;
+        self.check_tree(&tree, budget)?;
+        let nodes: Vec<TreeNode> = (tree.tokens().iter().zip(tree.parents()))
+            .map(|(&token, &parent)| TreeNode { token, parent, q: DraftRow::Point })
+            .collect();
+        let (tokens, path) = self.verify_tree(&tree, &nodes)?;
+        let accepted = path.path.len();
+        let target = &mut self.target;
+        let kept: Vec<usize> = std::iter::once(0).chain(path.path.iter().map(|i| i + 1)).collect();
+        timed(&mut self.stats.target_secs, || target.keep_path(&tokens, &kept))?;
+        self.stats.drafted += tree.len();
+        self.stats.accepted += accepted;
+        let at = path.path.last().copied();
+        self.stats.rejections += usize::from(tree.parents().iter().any(|&p| p == at));
+        // A chain drafter may hold drafted tokens past the context: those of the accepted
+        // prefix are right. A tree drafter holds at most one path, perhaps not the accepted one.
+        let keep = if tree.is_chain() { n + accepted } else { n - 1 };
+        if self.draft.context_len() > keep {
+            self.draft.truncate(keep)?;
+        }
+        Ok(Verdict { accepted, tokens: path.tokens })
+    }
+
+    /// Checks a drafted tree against the vocabulary and the budget.
+    fn check_tree(&self, tree: &DraftTree, budget: TreeBudget) -> Result<()> {
+        let vocab = self.target.vocab_size();
+        if let Some(&token) = tree.tokens().iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        if tree.len() > budget.nodes {
+            return Err(Error::BadModelOutput {
+                model: "draft",
+                what: "tree nodes",
+                expected: budget.nodes,
+                got: tree.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Scores the pending token and the tree in one target call and walks it. Returns the
+    /// call's tokens (the root, then the nodes) and the verdict.
+    fn verify_tree(&mut self, tree: &DraftTree, nodes: &[TreeNode]) -> Result<(Vec<u32>, kernel::TreeVerdict)> {
+        let pending = pending(&self.ctx, self.target.context_len(), "target")?;
+        let (&root, head) = pending.split_last().ok_or(Error::NotReady("nothing pending"))?;
+        let mut tokens = vec![root];
+        tokens.extend_from_slice(tree.tokens());
+        let shape = tree.shape()?;
+        let target = &mut self.target;
+        let logits = timed(&mut self.stats.target_secs, || {
+            if !head.is_empty() {
+                target.forward(head, 0)?;
+            }
+            target.forward_tree(&tokens, &shape)
+        })?;
+        self.stats.target_calls += 1;
+        let vocab = self.target.vocab_size();
+        if logits.rows() != tokens.len() || logits.vocab() != vocab {
+            return Err(Error::BadModelOutput {
+                model: "target",
+                what: "tree logits rows",
+                expected: tokens.len(),
+                got: logits.rows(),
+            });
+        }
+        let verdict = if self.sampling.is_greedy() {
+            kernel::verify_tree_greedy(nodes, |r| argmax(logits.row(r)))?
+        } else {
+            let sampling = &self.sampling;
+            kernel::verify_tree(nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
+        };
+        Ok((tokens, verdict))
     }
 
     /// Scores the pending token and the drafts in one target call and judges them.

@@ -82,13 +82,13 @@ pub mod tokenizer;
 pub mod tools;
 pub mod toy;
 
-pub use adaptive::{KController, KPolicy, RoundReport};
+pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
-pub use draft::{Drafter, DrafterSpec, NGramDraft};
+pub use draft::{DraftTree, Drafter, DrafterSpec, NGramDraft, TreeBudget};
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{DraftModel, Logits, Proposal, TargetModel};
-pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
+pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, TreeShape, WeightFormat};
 pub use plain::PlainDecoder;
 pub use sampling::SamplingConfig;
 pub use stats::{FinishReason, Generation, Stats};

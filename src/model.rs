@@ -1,6 +1,8 @@
 //! The two roles a model plays: the target that verifies and the draft that proposes.
 
+use crate::draft::tree::{expand_tree, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
+use crate::models::TreeShape;
 
 /// Logits rows on the host: `rows() × vocab()` values, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +80,62 @@ pub trait TargetModel {
     /// # Errors
     /// [`Error::BadTruncate`] when `len > context_len()`.
     fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// Scores a tree of tokens after the context: `tokens[0]` follows the context, `tokens[i]`
+    /// (i ≥ 1) follows the token `tree` names as its parent, and row `i` of the result is the
+    /// next-token distribution after `tokens[i]`. The context is left as it was; follow with
+    /// [`keep_path`](Self::keep_path) to extend it.
+    ///
+    /// The default scores each root-to-leaf path with [`forward`](Self::forward) and rolls
+    /// back, so every model verifies trees; models with a tree attention mask ([`Llama`](crate::Llama))
+    /// score the whole tree in one pass.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward); [`Error::InvalidSetting`] when `tree` does not fit `tokens`.
+    fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {
+        if tree.len() != tokens.len() {
+            return Err(Error::setting("tree size", tree.len(), "one entry per token"));
+        }
+        let (base, vocab) = (TargetModel::context_len(self), TargetModel::vocab_size(self));
+        let mut data = vec![0.0; tokens.len() * vocab];
+        let mut done = vec![false; tokens.len()];
+        for leaf in (0..tokens.len()).rev() {
+            if done[leaf] {
+                continue;
+            }
+            let path: Vec<usize> = (0..=leaf).filter(|&j| tree.sees(leaf)[j]).collect();
+            let feed: Vec<u32> = path.iter().map(|&j| tokens[j]).collect();
+            let rows = self.forward(&feed, feed.len());
+            TargetModel::truncate(self, base)?;
+            let rows = rows?;
+            if rows.rows() != feed.len() || rows.vocab() != vocab {
+                return Err(Error::BadModelOutput {
+                    model: "target",
+                    what: "logits rows",
+                    expected: feed.len(),
+                    got: rows.rows(),
+                });
+            }
+            for (r, &j) in path.iter().enumerate() {
+                data[j * vocab..(j + 1) * vocab].copy_from_slice(rows.row(r));
+                done[j] = true;
+            }
+        }
+        Logits::new(data, vocab)
+    }
+
+    /// Extends the context by the tokens of `path` (indices into the `tokens` of the
+    /// [`forward_tree`](Self::forward_tree) call just before: 0, then each a child of the one
+    /// before). The default feeds them again; tree-capable models keep what they computed.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward); [`Error::InvalidSetting`] for an index outside `tokens`.
+    fn keep_path(&mut self, tokens: &[u32], path: &[usize]) -> Result<()> {
+        let kept: Option<Vec<u32>> = path.iter().map(|&i| tokens.get(i).copied()).collect();
+        let kept =
+            kept.ok_or_else(|| Error::setting("kept path", format!("{path:?}"), "indices of the tree's tokens"))?;
+        self.forward(&kept, 0).map(drop)
+    }
 }
 
 /// What a drafter proposes as the next token.
@@ -113,6 +171,32 @@ pub trait DraftModel {
     /// # Errors
     /// [`Error::BadTruncate`] when `len > context_len()`.
     fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// Appends `tokens` (at least one) to the context and proposes a tree of continuations
+    /// within `budget`, every node a deterministic proposal (see [`DraftTree`]). Afterwards the
+    /// context holds at least all but the last of `tokens`; any more it holds must lie on the
+    /// tree's first path (the decoder rolls it back).
+    ///
+    /// The default drafts a chain of `budget.depth` tokens with [`propose`](Self::propose),
+    /// taking the argmax of logits rows; model drafters expand a real tree
+    /// ([`expand_tree`]), and [`NGramDraft`](crate::NGramDraft) merges several matches.
+    ///
+    /// # Errors
+    /// As [`propose`](Self::propose).
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+        let mut tree = DraftTree::new();
+        let mut feed = tokens.to_vec();
+        while tree.len() < budget.depth.min(budget.nodes) {
+            let token = match self.propose(&feed)? {
+                Proposal::Nothing => break,
+                Proposal::Token(t) => t,
+                Proposal::Logits(row) => crate::sampling::argmax(&row)?,
+            };
+            tree.push(token, tree.len().checked_sub(1))?;
+            feed = vec![token];
+        }
+        Ok(tree)
+    }
 }
 
 impl<M: TargetModel> DraftModel for M {
@@ -135,6 +219,10 @@ impl<M: TargetModel> DraftModel for M {
     fn truncate(&mut self, len: usize) -> Result<()> {
         TargetModel::truncate(self, len)
     }
+
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+        expand_tree(self, tokens, budget)
+    }
 }
 
 impl<M: TargetModel + ?Sized> TargetModel for &mut M {
@@ -152,5 +240,13 @@ impl<M: TargetModel + ?Sized> TargetModel for &mut M {
 
     fn truncate(&mut self, len: usize) -> Result<()> {
         (**self).truncate(len)
+    }
+
+    fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {
+        (**self).forward_tree(tokens, tree)
+    }
+
+    fn keep_path(&mut self, tokens: &[u32], path: &[usize]) -> Result<()> {
+        (**self).keep_path(tokens, path)
     }
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::{
-    Llama, LlamaWeights, ModelFiles, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, Tokenizer,
-    WeightFormat,
+    Drafter, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder,
+    TargetModel, Tokenizer, TreeBudget, TreePolicy, WeightFormat,
 };
 
 fn device() -> Device {
@@ -160,6 +160,30 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
                 tok.decode(&plain.tokens)
             );
             assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
+        }
+        // Trees: the model draft's EAGLE-2 expansion, and n-gram matches, scored in one call.
+        let tree = TreePolicy::Always(TreeBudget::new(2, 4, 10)?);
+        let vocab = target_w.config().vocab_size;
+        let drafters = [Drafter::Model(Llama::new(draft_w.clone())?), Drafter::NGram(NGramDraft::new(vocab)?)];
+        for draft in drafters {
+            let what = format!(
+                "{name}, {} tree, prompt {prompt:?}",
+                if matches!(draft, Drafter::NGram(_)) { "n-gram" } else { "model" }
+            );
+            let mut spec = SpeculativeDecoder::builder(draft, Llama::new(target_w.clone())?)
+                .tree(tree)
+                .max_new_tokens(new_tokens)
+                .stop_tokens(stop.clone())
+                .build()?;
+            let out = spec.generate(&ids)?;
+            assert_eq!(
+                out.tokens,
+                plain.tokens,
+                "{what}: {:?} vs {:?}",
+                tok.decode(&out.tokens),
+                tok.decode(&plain.tokens)
+            );
+            assert!(out.stats.drafted > 0, "{what}: nothing drafted");
         }
     }
     Ok(())

@@ -4,17 +4,18 @@
 //! chi-square at significance 1e-6 with fixed seeds, for sampled and deterministic children
 //! under every sampling setting; plus a power check that rejects the naive rule "accept a
 //! sampled child when a fresh draw from p equals it, else emit another draw from p".
-//! (The tree path of the decoder itself is still to come; this loop stands in for it.)
+//! Then the decoder itself with tree rounds (model drafts expanded the EAGLE-2 way, n-gram
+//! trees): whole generations checked the same way, on two windows of tokens.
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, exact_window, processed_row, settings};
+use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, settings};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use specdec::kernel::{self, DraftRow, TreeNode, TreeVerdict};
 use specdec::sampling::sample;
 use specdec::toy::MarkovModel;
-use specdec::{Result, SamplingConfig};
+use specdec::{DraftModel, NGramDraft, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy};
 
 const VOCAB: usize = 6;
 const PROMPT: [u32; 3] = [2, 0, 5];
@@ -203,5 +204,88 @@ fn tree_power_naive_resampling_of_sampled_children_is_rejected() -> Result<()> {
     let cfg = SamplingConfig::new(1.0)?;
     let (c, _) = counts(&target, &draft, &cfg, (Children::Sampled(3), Children::Sampled(2)), Rule::NaiveResample, 80)?;
     assert_rejects("tree, naive resampling", &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
+    Ok(())
+}
+
+/// Whole generations from the decoder drafting trees with `draft` follow the target.
+fn decoder_follows_the_target<D: DraftModel + Clone>(
+    what: &str,
+    draft: &D,
+    budget: TreeBudget,
+    seed: u64,
+) -> Result<()> {
+    let (target, _) = pair();
+    for (i, (name, cfg)) in settings()?.into_iter().enumerate() {
+        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone())
+            .tree(TreePolicy::Always(budget))
+            .sampling(cfg.clone().with_seed(seed + i as u64))
+            .max_new_tokens(7)
+            .build()?;
+        let total =
+            check_windows(&format!("decoder, {what} trees, {name}"), &mut dec, &target, &cfg, &PROMPT, 4, SAMPLES)?;
+        assert!(
+            total.accepted > SAMPLES / 2,
+            "{what}, {name}: the trees were hardly ever accepted ({})",
+            total.accepted
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_decoder_with_model_trees_follows_the_target() -> Result<()> {
+    let (_, draft) = pair();
+    decoder_follows_the_target("model", &draft, TreeBudget::new(2, 3, 5)?, 90)
+}
+
+#[test]
+fn the_decoder_with_ngram_trees_follows_the_target() -> Result<()> {
+    decoder_follows_the_target("n-gram", &NGramDraft::with_range(VOCAB, 1, 2)?, TreeBudget::new(3, 3, 8)?, 95)
+}
+
+/// A target whose tree call ignores the tree and scores its tokens as one chain: the attention
+/// mask bug a tree engine can have. The decoder statistic must catch it.
+#[derive(Clone)]
+struct MaskIgnored(MarkovModel);
+
+impl specdec::TargetModel for MaskIgnored {
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context().len()
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<specdec::Logits> {
+        self.0.forward(tokens, rows)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        specdec::TargetModel::truncate(&mut self.0, len)
+    }
+
+    fn forward_tree(&mut self, tokens: &[u32], _tree: &specdec::TreeShape) -> Result<specdec::Logits> {
+        let base = self.0.context().len();
+        let rows = self.0.forward(tokens, tokens.len());
+        specdec::TargetModel::truncate(&mut self.0, base)?;
+        rows
+    }
+}
+
+#[test]
+fn decoder_power_a_tree_call_without_its_mask_is_rejected() -> Result<()> {
+    let (target, draft) = pair();
+    let cfg = SamplingConfig::new(1.0)?;
+    let mut dec = SpeculativeDecoder::builder(draft, MaskIgnored(target.clone()))
+        .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8)?))
+        .sampling(cfg.clone().with_seed(99))
+        .max_new_tokens(LEN)
+        .build()?;
+    let mut c = vec![0u64; VOCAB.pow(LEN as u32)];
+    for _ in 0..SAMPLES {
+        c[cell(&dec.generate(&PROMPT)?.tokens, 0, LEN, VOCAB)] += 1;
+    }
+    assert_rejects("decoder, tree call without its mask", &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
     Ok(())
 }

@@ -7,7 +7,7 @@ mod common;
 use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::models::TreeShape;
-use specdec::{Engine, Llama, ModelFiles, Result, TargetModel, WeightFormat};
+use specdec::{Engine, Llama, Logits, ModelFiles, Result, TargetModel, WeightFormat};
 
 /// max |a − b| / max |b|.
 fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -82,5 +82,45 @@ fn misused_trees_are_typed_errors() -> Result<()> {
     model.forward_tree(&[4, 5, 6], &tree)?;
     model.keep_path(&[0, 2])?;
     assert_eq!(model.context_len(), 5);
+    Ok(())
+}
+
+/// A model with only `forward` and `truncate`: it gets the trait's path-by-path tree call.
+struct PathByPath(Llama);
+
+impl TargetModel for PathByPath {
+    fn vocab_size(&self) -> usize {
+        self.0.config().vocab_size
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context_len()
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.0.forward(tokens, rows)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.0.truncate(len)
+    }
+}
+
+#[test]
+fn the_default_tree_call_scores_path_by_path_like_the_masked_one() -> Result<()> {
+    let Some(path) = model_path(STORIES) else { return Ok(()) };
+    let (w, _) = ModelFiles::Gguf(path).load(WeightFormat::F32, &Device::Cpu)?;
+    let tree = TreeShape::new(&PARENTS)?;
+    let (mut masked, mut plain) = (Llama::new(w.clone())?, PathByPath(Llama::new(w)?));
+    masked.forward(&[1, 2, 3], 0)?;
+    plain.forward(&[1, 2, 3], 0)?;
+    let (a, b) = (TargetModel::forward_tree(&mut masked, &TOKENS, &tree)?, plain.forward_tree(&TOKENS, &tree)?);
+    assert!(rel_diff(a.as_slice(), b.as_slice()) <= 1e-4);
+    assert_eq!(plain.context_len(), 3, "the default call rolls back");
+    TargetModel::keep_path(&mut masked, &TOKENS, &[0, 2, 5])?;
+    plain.keep_path(&TOKENS, &[0, 2, 5])?;
+    let (a, b) = (masked.forward(&[9], 1)?, plain.forward(&[9], 1)?);
+    assert!(rel_diff(a.as_slice(), b.as_slice()) <= 1e-5);
+    assert!(plain.keep_path(&TOKENS, &[0, 99]).is_err(), "an index outside the tree");
     Ok(())
 }

@@ -9,9 +9,11 @@
 
 mod policy;
 mod speedup;
+mod tree;
 
 pub use policy::{KPolicy, DEFAULT_MAX_K};
 pub use speedup::{best_k, expected_speedup, verify_costs};
+pub use tree::{ShapeChooser, TreePolicy};
 
 use speedup::MIN_GAIN;
 

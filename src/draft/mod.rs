@@ -2,6 +2,7 @@
 //! [`Drafter`], the run-time choice between a model draft and the n-gram drafter.
 
 pub mod ngram;
+pub mod tree;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 pub use ngram::NGramDraft;
+pub use tree::{expand_tree, DraftTree, TreeBudget};
 
 use crate::error::{Error, Result};
 use crate::loading::{check_compatible, ModelFiles};
@@ -124,6 +126,13 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.truncate(len),
             Self::NGram(n) => DraftModel::truncate(n, len),
+        }
+    }
+
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+        match self {
+            Self::Model(m) => m.propose_tree(tokens, budget),
+            Self::NGram(n) => n.propose_tree(tokens, budget),
         }
     }
 }

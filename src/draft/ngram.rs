@@ -3,6 +3,7 @@
 //! of vLLM and transformers). No model, no weights: it pays off wherever the output repeats the
 //! prompt or itself (code edits, summaries quoting the source, retrieval answers).
 
+use crate::draft::tree::{DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal};
 
@@ -80,8 +81,7 @@ fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<usize
     let (&last, head) = ctx.split_last()?;
     let mut best: Option<(usize, usize)> = None;
     for i in (0..head.len()).rev().filter(|&i| head[i] == last) {
-        // Compare backwards from ctx[i] against the suffix; the suffix itself ends at ctx.len() - 1.
-        let len = 1 + (1..max_n.min(i + 1)).take_while(|&j| ctx[i - j] == ctx[ctx.len() - 1 - j]).count();
+        let len = match_len(ctx, i, max_n);
         if best.is_none_or(|(_, l)| len > l) {
             best = Some((i, len));
             if len == max_n {
@@ -90,6 +90,28 @@ fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<usize
         }
     }
     best.filter(|&(_, len)| len >= min_n).map(|(i, _)| i)
+}
+
+/// How many tokens (at most `max_n`) ending at `ctx[i]` equal the suffix of `ctx`, comparing
+/// backwards from `ctx[i]` (the suffix itself ends at `ctx.len() - 1`).
+fn match_len(ctx: &[u32], i: usize, max_n: usize) -> usize {
+    (0..max_n.min(i + 1)).take_while(|&j| ctx[i - j] == ctx[ctx.len() - 1 - j]).count()
+}
+
+/// The ends of up to `n` earlier occurrences of a suffix of `ctx` (of `min_n..=max_n` tokens)
+/// that are followed by different tokens: longest match first, the most recent among equals.
+fn distinct_matches(ctx: &[u32], min_n: usize, max_n: usize, n: usize) -> Vec<usize> {
+    let Some(head) = ctx.len().checked_sub(1) else { return Vec::new() };
+    let mut found: Vec<(usize, usize)> =
+        (0..head).rev().map(|i| (i, match_len(ctx, i, max_n))).filter(|&(_, len)| len >= min_n).collect();
+    found.sort_by_key(|&(_, len)| std::cmp::Reverse(len));
+    let mut ends: Vec<usize> = Vec::new();
+    for (i, _) in found {
+        if ends.len() < n && ends.iter().all(|&e| ctx[e + 1] != ctx[i + 1]) {
+            ends.push(i);
+        }
+    }
+    ends
 }
 
 impl DraftModel for NGramDraft {
@@ -116,6 +138,24 @@ impl DraftModel for NGramDraft {
         self.ctx.truncate(len);
         Ok(())
     }
+
+    /// Up to `budget.width` matches followed by different tokens (longest first), each
+    /// continued by the `budget.depth` tokens that followed it, merged into a tree where they
+    /// share a prefix, cut at `budget.nodes` nodes. The context ends holding `tokens`.
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+        self.propose(tokens)?;
+        let mut tree = DraftTree::new();
+        for end in distinct_matches(&self.ctx, self.min_n, self.max_n, budget.width) {
+            let mut parent = None;
+            for &token in self.ctx[end + 1..].iter().take(budget.depth) {
+                if tree.len() >= budget.nodes && tree.child(parent, token).is_none() {
+                    break;
+                }
+                parent = Some(tree.push(token, parent)?);
+            }
+        }
+        Ok(tree)
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +172,21 @@ mod tests {
             let suffix = &ctx[ctx.len() - n..];
             (0..ctx.len() - n).rev().find(|&s| &ctx[s..s + n] == suffix).map(|s| ctx[s + n])
         })
+    }
+
+    #[test]
+    fn trees_hold_one_branch_per_distinct_continuation() -> Result<()> {
+        let mut d = NGramDraft::new(10)?;
+        // "5" is followed by 6 7 and, more recently, by 8 9; "4 5" only by 6 7.
+        let tree = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 8)?)?;
+        assert_eq!(tree.tokens(), &[6, 7, 8, 9]);
+        assert_eq!(tree.parents(), &[None, Some(0), None, Some(2)]);
+        assert_eq!(d.context().len(), 11);
+        // The node budget cuts the second branch.
+        d.truncate(0)?;
+        let small = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 3)?)?;
+        assert_eq!(small.tokens(), &[6, 7, 8]);
+        Ok(())
     }
 
     #[test]

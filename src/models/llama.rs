@@ -239,4 +239,12 @@ impl TargetModel for Llama {
     fn truncate(&mut self, len: usize) -> Result<()> {
         Llama::truncate(self, len)
     }
+
+    fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {
+        Llama::forward_tree(self, tokens, tree)
+    }
+
+    fn keep_path(&mut self, _tokens: &[u32], path: &[usize]) -> Result<()> {
+        Llama::keep_path(self, path)
+    }
 }
