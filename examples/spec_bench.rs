@@ -3,7 +3,8 @@
 //! speculative tokens per second on the same target in the same run, the measured speedup and
 //! the seed's predictions S(k, α, c) and S with v, plus resident memory.
 //!
-//! `cargo run --release --example spec_bench -- --json` (after `scripts/fetch-models.sh`)
+//! `cargo run --release --example spec_bench -- --json` (after `scripts/fetch-models.sh`);
+//! chains against trees: `-- --drafters model,ngram --ks auto --trees none,2x5x12,auto --formats ''`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +16,7 @@ use specdec::sampling::argmax;
 use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
 use specdec::{
     Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, SamplingConfig,
-    SpeculativeDecoder, Stats, TargetModel, Tokenizer, WeightFormat,
+    SpeculativeDecoder, Stats, TargetModel, Tokenizer, TreePolicy, WeightFormat,
 };
 
 #[derive(Parser)]
@@ -29,6 +30,10 @@ struct Args {
     /// Values of k, comma-separated: N, auto, grow.
     #[arg(long, default_value = "2,4,6,auto")]
     ks: String,
+    /// Round shapes, comma-separated: none (chains), WxDxN (always a tree: width, depth,
+    /// nodes), auto or auto:WxDxN (a tree when it measures faster than the chain).
+    #[arg(long, default_value = "none")]
+    trees: String,
     /// Temperatures, comma-separated.
     #[arg(long, default_value = "0,0.8")]
     temperatures: String,
@@ -114,9 +119,10 @@ fn main() -> Result<()> {
         format_errors(&args, &files, &target, &prompts, &device)?;
     }
     println!(
-        "{:<14} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5}",
+        "{:<14} {:>6} {:>12} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5}",
         "drafter",
         "k",
+        "tree",
         "mean k",
         "temp",
         "alpha",
@@ -143,11 +149,13 @@ fn main() -> Result<()> {
         let rss_plain = rss_mb();
         for spec in args.drafters.split(',').filter(|s| !s.is_empty()).map(str::parse::<DrafterSpec>) {
             let spec = spec?;
-            for k in args.ks.split(',').map(str::parse::<KPolicy>) {
-                let k = k?;
+            let shapes = args.ks.split(',').flat_map(|k| args.trees.split(',').map(move |t| (k, t)));
+            for (k, tree) in shapes {
+                let (k, tree) = (k.parse::<KPolicy>()?, tree.parse::<TreePolicy>()?);
                 let drafter = Drafter::build(&spec, &files, &target, &tok, &device)?;
                 let mut dec = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
                     .k_policy(k)
+                    .tree(tree)
                     .sampling(sampling.clone())
                     .max_new_tokens(args.max_new_tokens)
                     .stop_tokens(stop.clone())
@@ -170,7 +178,7 @@ fn main() -> Result<()> {
                 let c_plain = c * v; // draft call over a one-token target call
                 let greedy_match = (temp == 0.0).then(|| run.tokens == plain.tokens);
                 let row = json!({
-                    "drafter": spec.to_string(), "k": k.to_string(), "temperature": temp,
+                    "drafter": spec.to_string(), "k": k.to_string(), "tree": tree.to_string(), "temperature": temp,
                     "acceptance_rate": total.acceptance_rate(), "position_acceptance": alpha, "mean_k": kbar,
                     "tokens_per_target_call": total.tokens_per_target_call(), "draft_cost_ratio": c_plain, "verify_ratio": v,
                     "plain_tok_s": mean(&plain.tok_s), "spec_tok_s": mean(&run.tok_s), "speedup": mean(&speedups),
@@ -179,8 +187,8 @@ fn main() -> Result<()> {
                     "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec, "greedy_match": greedy_match,
                 });
                 println!(
-                    "{:<14} {:>6} {:>5.2} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0} {:>5}",
-                    spec.to_string(), k.to_string(), kbar, temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,
+                    "{:<14} {:>6} {:>12} {:>5.2} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0} {:>5}",
+                    spec.to_string(), k.to_string(), tree.to_string(), kbar, temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,
                     mean(&plain.tok_s), mean(&run.tok_s), mean(&speedups), row["predicted_speedup"].as_f64().unwrap_or(0.0),
                     row["predicted_speedup_with_v"].as_f64().unwrap_or(0.0), rss_plain, rss_spec,
                     greedy_match.map_or("-", |m| if m { "yes" } else { "NO" })
@@ -196,13 +204,20 @@ fn main() -> Result<()> {
     };
     let (greedy, sampled) = (best(0.0), best(0.8));
     if let Some(g) = greedy {
-        println!("best greedy: {} k={} speedup {:.2}", g["drafter"], g["k"], g["speedup"].as_f64().unwrap_or(0.0));
+        println!(
+            "best greedy: {} k={} tree={} speedup {:.2}",
+            g["drafter"],
+            g["k"],
+            g["tree"],
+            g["speedup"].as_f64().unwrap_or(0.0)
+        );
     }
     if let Some(s) = sampled {
         println!(
-            "best at temperature 0.8: {} k={} speedup {:.2}",
+            "best at temperature 0.8: {} k={} tree={} speedup {:.2}",
             s["drafter"],
             s["k"],
+            s["tree"],
             s["speedup"].as_f64().unwrap_or(0.0)
         );
     }

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
-use crate::draft::{DraftTree, TreeBudget};
+use crate::draft::{ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::kernel::{self, DraftRow, TreeNode, Verdict};
 use crate::model::{DraftModel, Proposal, TargetModel};
@@ -459,12 +459,16 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     fn tree_round(&mut self, budget: TreeBudget) -> Result<Verdict> {
         let n = self.ctx.len();
         let feed = pending(&self.ctx, self.draft.context_len(), "draft")?;
-        let draft = &mut self.draft;
-        let tree = timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget))?;
+        let (draft, mut picker) = (&mut self.draft, ChildPicker::new(&self.sampling, &mut self.rng));
+        let tree = timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
         self.stats.draft_calls += 1;
         self.check_tree(&tree, budget)?;
-        let nodes: Vec<TreeNode> = (tree.tokens().iter().zip(tree.parents()))
-            .map(|(&token, &parent)| TreeNode { token, parent, q: DraftRow::Point })
+        let nodes: Vec<TreeNode> = (0..tree.len())
+            .map(|i| TreeNode {
+                token: tree.tokens()[i],
+                parent: tree.parents()[i],
+                q: tree.row(i).map_or(DraftRow::Point, DraftRow::Dense),
+            })
             .collect();
         let (tokens, path) = self.verify_tree(&tree, &nodes)?;
         let accepted = path.path.len();
@@ -475,9 +479,10 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.stats.accepted += accepted;
         let at = path.path.last().copied();
         self.stats.rejections += usize::from(tree.parents().iter().any(|&p| p == at));
-        // A chain drafter may hold drafted tokens past the context: those of the accepted
-        // prefix are right. A tree drafter holds at most one path, perhaps not the accepted one.
-        let keep = if tree.is_chain() { n + accepted } else { n - 1 };
+        // The drafter may hold drafted tokens of the tree's first path: those the accepted path
+        // shares are right.
+        let shared = tree.first_path().iter().zip(&path.path).take_while(|(a, b)| a == b).count();
+        let keep = n + shared;
         if self.draft.context_len() > keep {
             self.draft.truncate(keep)?;
         }
@@ -489,6 +494,14 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let vocab = self.target.vocab_size();
         if let Some(&token) = tree.tokens().iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        if let Some(row) = (0..tree.len()).filter_map(|i| tree.row(i)).find(|r| r.len() != vocab) {
+            return Err(Error::BadModelOutput {
+                model: "draft",
+                what: "tree row length",
+                expected: vocab,
+                got: row.len(),
+            });
         }
         if tree.len() > budget.nodes {
             return Err(Error::BadModelOutput {

@@ -1,6 +1,6 @@
 //! The two roles a model plays: the target that verifies and the draft that proposes.
 
-use crate::draft::tree::{expand_tree, DraftTree, TreeBudget};
+use crate::draft::tree::{expand_tree, ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::models::TreeShape;
 
@@ -173,27 +173,34 @@ pub trait DraftModel {
     fn truncate(&mut self, len: usize) -> Result<()>;
 
     /// Appends `tokens` (at least one) to the context and proposes a tree of continuations
-    /// within `budget`, every node a deterministic proposal (see [`DraftTree`]). Afterwards the
-    /// context holds at least all but the last of `tokens`; any more it holds must lie on the
-    /// tree's first path (the decoder rolls it back).
+    /// within `budget` (see [`DraftTree`]), turning logits rows into children with `picker`
+    /// (the decoder's sampling settings). Afterwards the context holds at least all but the
+    /// last of `tokens`; any more it holds must lie on the tree's first path (the decoder rolls
+    /// it back to the accepted part).
     ///
-    /// The default drafts a chain of `budget.depth` tokens with [`propose`](Self::propose),
-    /// taking the argmax of logits rows; model drafters expand a real tree
-    /// ([`expand_tree`]), and [`NGramDraft`](crate::NGramDraft) merges several matches.
+    /// The default drafts a chain of `budget.depth` tokens with [`propose`](Self::propose);
+    /// model drafters expand a real tree ([`expand_tree`]), and
+    /// [`NGramDraft`](crate::NGramDraft) merges several matches.
     ///
     /// # Errors
     /// As [`propose`](Self::propose).
-    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         let mut tree = DraftTree::new();
         let mut feed = tokens.to_vec();
         while tree.len() < budget.depth.min(budget.nodes) {
-            let token = match self.propose(&feed)? {
+            let parent = tree.len().checked_sub(1);
+            let node = match self.propose(&feed)? {
                 Proposal::Nothing => break,
-                Proposal::Token(t) => t,
-                Proposal::Logits(row) => crate::sampling::argmax(&row)?,
+                Proposal::Token(t) => tree.push(t, parent)?,
+                Proposal::Logits(row) => match picker.pick(&row, 1)?.pop() {
+                    Some(c) => match c.row {
+                        Some(q) => tree.push_sampled(c.token, parent, q)?,
+                        None => tree.push(c.token, parent)?,
+                    },
+                    None => break,
+                },
             };
-            tree.push(token, tree.len().checked_sub(1))?;
-            feed = vec![token];
+            feed = vec![tree.tokens()[node]];
         }
         Ok(tree)
     }
@@ -220,8 +227,8 @@ impl<M: TargetModel> DraftModel for M {
         TargetModel::truncate(self, len)
     }
 
-    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
-        expand_tree(self, tokens, budget)
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
+        expand_tree(self, tokens, budget, picker)
     }
 }
 

@@ -162,7 +162,7 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
             assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
         }
         // Trees: the model draft's EAGLE-2 expansion, and n-gram matches, scored in one call.
-        let tree = TreePolicy::Always(TreeBudget::new(2, 4, 10)?);
+        let tree = TreePolicy::Always(TreeBudget::new(2, 4, 10, 1)?);
         let vocab = target_w.config().vocab_size;
         let drafters = [Drafter::Model(Llama::new(draft_w.clone())?), Drafter::NGram(NGramDraft::new(vocab)?)];
         for draft in drafters {

@@ -4,8 +4,10 @@
 //! chi-square at significance 1e-6 with fixed seeds, for sampled and deterministic children
 //! under every sampling setting; plus a power check that rejects the naive rule "accept a
 //! sampled child when a fresh draw from p equals it, else emit another draw from p".
-//! Then the decoder itself with tree rounds (model drafts expanded the EAGLE-2 way, n-gram
-//! trees): whole generations checked the same way, on two windows of tokens.
+//! Then the decoder itself with tree rounds (model drafts: first children expanded, sampled
+//! when sampling; the best two per level, EAGLE-2; n-gram trees): whole generations checked
+//! the same way, on two windows of tokens, with two power checks through the decoder: a tree
+//! call that ignores its mask, and a drafter that keeps a draw only when it was likely.
 
 mod common;
 
@@ -235,12 +237,14 @@ fn decoder_follows_the_target<D: DraftModel + Clone>(
 #[test]
 fn the_decoder_with_model_trees_follows_the_target() -> Result<()> {
     let (_, draft) = pair();
-    decoder_follows_the_target("model", &draft, TreeBudget::new(2, 3, 5)?, 90)
+    // First children expanded (chain cost), then the best two per level (EAGLE-2).
+    decoder_follows_the_target("model", &draft, TreeBudget::new(2, 3, 5, 1)?, 90)?;
+    decoder_follows_the_target("model, 2 expanded per level,", &draft, TreeBudget::new(3, 3, 8, 2)?, 100)
 }
 
 #[test]
 fn the_decoder_with_ngram_trees_follows_the_target() -> Result<()> {
-    decoder_follows_the_target("n-gram", &NGramDraft::with_range(VOCAB, 1, 2)?, TreeBudget::new(3, 3, 8)?, 95)
+    decoder_follows_the_target("n-gram", &NGramDraft::with_range(VOCAB, 1, 2)?, TreeBudget::new(3, 3, 8, 1)?, 95)
 }
 
 /// A target whose tree call ignores the tree and scores its tokens as one chain: the attention
@@ -278,7 +282,7 @@ fn decoder_power_a_tree_call_without_its_mask_is_rejected() -> Result<()> {
     let (target, draft) = pair();
     let cfg = SamplingConfig::new(1.0)?;
     let mut dec = SpeculativeDecoder::builder(draft, MaskIgnored(target.clone()))
-        .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8)?))
+        .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8, 1)?))
         .sampling(cfg.clone().with_seed(99))
         .max_new_tokens(LEN)
         .build()?;
@@ -287,5 +291,63 @@ fn decoder_power_a_tree_call_without_its_mask_is_rejected() -> Result<()> {
         c[cell(&dec.generate(&PROMPT)?.tokens, 0, LEN, VOCAB)] += 1;
     }
     assert_rejects("decoder, tree call without its mask", &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
+    Ok(())
+}
+
+/// Draws one child from the draft row but keeps it only when the draw was likely: a draw
+/// whose presence in the tree depends on its own value (the pruning mistake `expand_tree`
+/// avoids by ranking a sampled node by its parent's score).
+#[derive(Clone)]
+struct KeepsLikelyDraws(MarkovModel);
+
+impl DraftModel for KeepsLikelyDraws {
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context().len()
+    }
+
+    fn propose(&mut self, tokens: &[u32]) -> Result<specdec::Proposal> {
+        DraftModel::propose(&mut self.0, tokens)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        DraftModel::truncate(&mut self.0, len)
+    }
+
+    fn propose_tree(
+        &mut self,
+        tokens: &[u32],
+        _: TreeBudget,
+        picker: &mut specdec::draft::ChildPicker,
+    ) -> Result<specdec::DraftTree> {
+        let mut tree = specdec::DraftTree::new();
+        if let specdec::Proposal::Logits(row) = DraftModel::propose(&mut self.0, tokens)? {
+            if let Some(specdec::draft::Child { token, logp, row: Some(q) }) = picker.pick(&row, 1)?.pop() {
+                if logp > 0.3f32.ln() {
+                    tree.push_sampled(token, None, q)?;
+                }
+            }
+        }
+        Ok(tree)
+    }
+}
+
+#[test]
+fn decoder_power_a_draw_kept_by_its_own_value_is_rejected() -> Result<()> {
+    let (target, draft) = pair();
+    let cfg = SamplingConfig::new(1.0)?;
+    let mut dec = SpeculativeDecoder::builder(KeepsLikelyDraws(draft), target.clone())
+        .tree(TreePolicy::Always(TreeBudget::new(1, 1, 1, 1)?))
+        .sampling(cfg.clone().with_seed(98))
+        .max_new_tokens(LEN)
+        .build()?;
+    let mut c = vec![0u64; VOCAB.pow(LEN as u32)];
+    for _ in 0..SAMPLES {
+        c[cell(&dec.generate(&PROMPT)?.tokens, 0, LEN, VOCAB)] += 1;
+    }
+    assert_rejects("decoder, draws kept by their own value", &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
     Ok(())
 }

@@ -18,42 +18,34 @@ pub enum TreePolicy {
     /// Every round drafts a tree within the budget.
     Always(TreeBudget),
     /// Trees within the budget when they pay: rounds run the shape, chain (with the k policy's
-    /// k) or tree, with more measured tokens per second, and every 12th round tries the other.
+    /// k) or tree, with more measured tokens per second, and now and then try the other (every
+    /// 12th round when the two are close, more rarely the slower the other is, so that these
+    /// probes cost about 2 % of the time).
     Adaptive(TreeBudget),
 }
 
 impl std::str::FromStr for TreePolicy {
     type Err = Error;
 
-    /// `none`, `WxDxN` (always: width, depth, nodes) or `auto` / `auto:WxDxN` (adaptive, the
-    /// default budget without one).
+    /// `none`, a budget (always: `WxDxN` or `WxDxNxE`, see [`TreeBudget`]) or `auto` /
+    /// `auto:BUDGET` (adaptive, the default budget without one).
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::setting("tree", s, "none, WxDxN, auto or auto:WxDxN (e.g. 2x5x12)");
-        let budget = |b: &str| -> Result<TreeBudget> {
-            let parts: Vec<usize> =
-                b.split('x').map(str::parse).collect::<std::result::Result<_, _>>().map_err(|_| bad())?;
-            match parts[..] {
-                [w, d, n] => TreeBudget::new(w, d, n),
-                _ => Err(bad()),
-            }
-        };
         match s.split_once(':') {
             _ if s == "none" => Ok(Self::Never),
             _ if s == "auto" => Ok(Self::Adaptive(TreeBudget::default())),
-            Some(("auto", b)) => Ok(Self::Adaptive(budget(b)?)),
-            None => Ok(Self::Always(budget(s)?)),
-            Some(_) => Err(bad()),
+            Some(("auto", b)) => Ok(Self::Adaptive(b.parse()?)),
+            None => Ok(Self::Always(s.parse()?)),
+            Some(_) => Err(Error::setting("tree", s, "none, WxDxN[xE], auto or auto:WxDxN[xE] (e.g. 2x6x12)")),
         }
     }
 }
 
 impl std::fmt::Display for TreePolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = |b: &TreeBudget| format!("{}x{}x{}", b.width, b.depth, b.nodes);
         match self {
             Self::Never => write!(f, "none"),
-            Self::Always(b) => write!(f, "{}", text(b)),
-            Self::Adaptive(b) => write!(f, "auto:{}", text(b)),
+            Self::Always(b) => write!(f, "{b}"),
+            Self::Adaptive(b) => write!(f, "auto:{b}"),
         }
     }
 }
@@ -62,8 +54,12 @@ impl std::fmt::Display for TreePolicy {
 const WARMUP_ROUNDS: usize = 8;
 /// Tree rounds in a row when trees are first tried, so the first estimate is not one round's.
 const FIRST_TREE_ROUNDS: usize = 3;
-/// Every this many rounds, one of the shape not in use.
-const PROBE_EVERY: usize = 12;
+/// At most every this many rounds, one of the shape not in use;
+const PROBE_MIN_GAP: usize = 12;
+/// spaced so that probes cost about this fraction of the time,
+const PROBE_BUDGET: f64 = 0.02;
+/// but at least this often.
+const PROBE_MAX_GAP: usize = 256;
 /// Weight of a new round in each shape's moving averages.
 const WEIGHT: f64 = 0.15;
 
@@ -101,12 +97,13 @@ pub struct ShapeChooser {
     chain: Rate,
     tree: Rate,
     rounds: usize,
+    since_probe: usize,
 }
 
 impl ShapeChooser {
     /// A chooser for `policy`.
     pub fn new(policy: TreePolicy) -> Self {
-        Self { policy, chain: Rate::default(), tree: Rate::default(), rounds: 0 }
+        Self { policy, chain: Rate::default(), tree: Rate::default(), rounds: 0, since_probe: 0 }
     }
 
     /// The policy.
@@ -122,11 +119,26 @@ impl ShapeChooser {
             TreePolicy::Never => None,
             TreePolicy::Always(b) => Some(b),
             TreePolicy::Adaptive(_) if !drafting_pays || self.rounds <= WARMUP_ROUNDS => None,
+            TreePolicy::Adaptive(_) if self.tree.rounds < FIRST_TREE_ROUNDS => Some(self.budget()),
             TreePolicy::Adaptive(b) => {
-                let tree_better = self.tree.rounds < FIRST_TREE_ROUNDS || self.tree.per_sec() > self.chain.per_sec();
-                let probe = self.rounds.is_multiple_of(PROBE_EVERY);
-                (tree_better != probe).then_some(b)
+                let (chain, tree) = self.rates();
+                // A probe round runs at the slower rate: it loses `faster/slower − 1` of a round.
+                let loss = chain.max(tree) / chain.min(tree).max(f64::MIN_POSITIVE) - 1.0;
+                let gap = ((loss / PROBE_BUDGET).ceil() as usize).clamp(PROBE_MIN_GAP, PROBE_MAX_GAP);
+                self.since_probe += 1;
+                let probe = self.since_probe >= gap;
+                if probe {
+                    self.since_probe = 0;
+                }
+                ((tree > chain) != probe).then_some(b)
             }
+        }
+    }
+
+    fn budget(&self) -> TreeBudget {
+        match self.policy {
+            TreePolicy::Always(b) | TreePolicy::Adaptive(b) => b,
+            TreePolicy::Never => TreeBudget::default(),
         }
     }
 
@@ -161,10 +173,11 @@ mod tests {
     fn text_forms_parse() -> Result<()> {
         assert_eq!("none".parse::<TreePolicy>()?, TreePolicy::Never);
         assert_eq!("auto".parse::<TreePolicy>()?, TreePolicy::Adaptive(TreeBudget::default()));
-        assert_eq!("3x4x10".parse::<TreePolicy>()?, TreePolicy::Always(TreeBudget::new(3, 4, 10)?));
-        let p = TreePolicy::Adaptive(TreeBudget::new(2, 6, 16)?);
-        assert_eq!(p.to_string().parse::<TreePolicy>()?, p);
-        for bad in ["", "auto:", "2x3", "0x3x4", "2x3x65", "tree:2x3x4", "ax3x4"] {
+        assert_eq!("3x4x10".parse::<TreePolicy>()?, TreePolicy::Always(TreeBudget::new(3, 4, 10, 1)?));
+        for p in [TreePolicy::Adaptive(TreeBudget::new(2, 6, 16, 3)?), TreePolicy::Always(TreeBudget::default())] {
+            assert_eq!(p.to_string().parse::<TreePolicy>()?, p);
+        }
+        for bad in ["", "auto:", "2x3", "0x3x4", "2x3x65", "2x3x4x0", "tree:2x3x4", "ax3x4"] {
             assert!(bad.parse::<TreePolicy>().is_err(), "{bad:?}");
         }
         Ok(())
@@ -175,9 +188,13 @@ mod tests {
         let mut faster_tree = ShapeChooser::new(TreePolicy::Adaptive(TreeBudget::default()));
         let trees = run(&mut faster_tree, 200, 10.0, 14.0);
         assert!(trees > 170, "{trees}");
+        // Slower trees are probed: every 12 rounds when close, rarely when far slower.
         let mut slower_tree = ShapeChooser::new(TreePolicy::Adaptive(TreeBudget::default()));
-        let trees = run(&mut slower_tree, 200, 10.0, 7.0);
-        assert!((10..=25).contains(&trees), "{trees}");
+        let trees = run(&mut slower_tree, 200, 10.0, 9.5);
+        assert!((15..=25).contains(&trees), "{trees}");
+        let mut far_slower = ShapeChooser::new(TreePolicy::Adaptive(TreeBudget::default()));
+        let trees = run(&mut far_slower, 400, 10.0, 4.0);
+        assert!((4..=8).contains(&trees), "{trees}");
         // A draft the k controller gave up on gets no tree rounds.
         let mut given_up = ShapeChooser::new(TreePolicy::Adaptive(TreeBudget::default()));
         assert!((0..100).all(|_| given_up.next(false).is_none()));

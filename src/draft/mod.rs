@@ -10,7 +10,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 pub use ngram::NGramDraft;
-pub use tree::{expand_tree, DraftTree, TreeBudget};
+pub use tree::{expand_tree, Child, ChildPicker, DraftTree, TreeBudget};
 
 use crate::error::{Error, Result};
 use crate::loading::{check_compatible, ModelFiles};
@@ -129,10 +129,10 @@ impl DraftModel for Drafter {
         }
     }
 
-    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         match self {
-            Self::Model(m) => m.propose_tree(tokens, budget),
-            Self::NGram(n) => n.propose_tree(tokens, budget),
+            Self::Model(m) => m.propose_tree(tokens, budget, picker),
+            Self::NGram(n) => n.propose_tree(tokens, budget, picker),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! of vLLM and transformers). No model, no weights: it pays off wherever the output repeats the
 //! prompt or itself (code edits, summaries quoting the source, retrieval answers).
 
-use crate::draft::tree::{DraftTree, TreeBudget};
+use crate::draft::tree::{ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal};
 
@@ -142,13 +142,13 @@ impl DraftModel for NGramDraft {
     /// Up to `budget.width` matches followed by different tokens (longest first), each
     /// continued by the `budget.depth` tokens that followed it, merged into a tree where they
     /// share a prefix, cut at `budget.nodes` nodes. The context ends holding `tokens`.
-    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget) -> Result<DraftTree> {
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, _: &mut ChildPicker) -> Result<DraftTree> {
         self.propose(tokens)?;
         let mut tree = DraftTree::new();
         for end in distinct_matches(&self.ctx, self.min_n, self.max_n, budget.width) {
             let mut parent = None;
             for &token in self.ctx[end + 1..].iter().take(budget.depth) {
-                if tree.len() >= budget.nodes && tree.child(parent, token).is_none() {
+                if tree.len() >= budget.nodes && !tree.has_child(parent, token) {
                     break;
                 }
                 parent = Some(tree.push(token, parent)?);
@@ -177,14 +177,16 @@ mod tests {
     #[test]
     fn trees_hold_one_branch_per_distinct_continuation() -> Result<()> {
         let mut d = NGramDraft::new(10)?;
+        let (sampling, mut rng) = (crate::SamplingConfig::greedy(), rand::SeedableRng::seed_from_u64(0));
+        let picker = &mut ChildPicker::new(&sampling, &mut rng);
         // "5" is followed by 6 7 and, more recently, by 8 9; "4 5" only by 6 7.
-        let tree = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 8)?)?;
+        let tree = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 8, 1)?, picker)?;
         assert_eq!(tree.tokens(), &[6, 7, 8, 9]);
         assert_eq!(tree.parents(), &[None, Some(0), None, Some(2)]);
         assert_eq!(d.context().len(), 11);
         // The node budget cuts the second branch.
         d.truncate(0)?;
-        let small = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 3)?)?;
+        let small = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 3, 1)?, picker)?;
         assert_eq!(small.tokens(), &[6, 7, 8]);
         Ok(())
     }
