@@ -185,7 +185,13 @@ fn main() -> Result<()> {
                     "predicted_speedup": predicted_speedup(kbar, alpha, c_plain),
                     "predicted_speedup_with_v": predicted_speedup_with_verify(kbar, alpha, c_plain, v),
                     "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec, "greedy_match": greedy_match,
+                    "tree_rounds": total.tree_rounds, "rounds": total.target_calls,
+                    "measured_tok_s_chain_tree": dec.shape_chooser().rates(),
                 });
+                if total.tree_rounds > 0 {
+                    let (chain, tree) = dec.shape_chooser().rates();
+                    eprintln!("  {} of {} rounds drafted trees; rounds measured at {chain:.1} tok/s (chain), {tree:.1} (tree)", total.tree_rounds, total.target_calls);
+                }
                 println!(
                     "{:<14} {:>6} {:>12} {:>5.2} {:>5.1} {:>6.3} {:>6.3} {:>8.2} {:>6.3} {:>6.2} {:>8.1} {:>8.1} {:>8.2} {:>7.2} {:>7.2} {:>8.0} {:>8.0} {:>5}",
                     spec.to_string(), k.to_string(), tree.to_string(), kbar, temp, total.acceptance_rate(), alpha, total.tokens_per_target_call(), c_plain, v,

@@ -477,6 +477,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         timed(&mut self.stats.target_secs, || target.keep_path(&tokens, &kept))?;
         self.stats.drafted += tree.len();
         self.stats.accepted += accepted;
+        self.stats.tree_rounds += 1;
         let at = path.path.last().copied();
         self.stats.rejections += usize::from(tree.parents().iter().any(|&p| p == at));
         // The drafter may hold drafted tokens of the tree's first path: those the accepted path

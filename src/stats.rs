@@ -28,6 +28,8 @@ pub struct Stats {
     pub accepted: usize,
     /// Rounds that ended in a rejection (as opposed to a fully accepted block).
     pub rejections: usize,
+    /// Rounds that drafted a tree (the others drafted a chain or none).
+    pub tree_rounds: usize,
     /// Seconds spent in the prefill of both models.
     pub prefill_secs: f64,
     /// Seconds spent in draft calls.
@@ -117,6 +119,7 @@ impl std::ops::AddAssign<&Stats> for Stats {
         self.drafted += o.drafted;
         self.accepted += o.accepted;
         self.rejections += o.rejections;
+        self.tree_rounds += o.tree_rounds;
         self.prefill_secs += o.prefill_secs;
         self.draft_secs += o.draft_secs;
         self.target_secs += o.target_secs;
