@@ -15,7 +15,7 @@ use clap::Parser;
 use serde_json::json;
 use specdec::{
     Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder,
-    TextStream, Tokenizer, WeightFormat,
+    TextStream, Tokenizer, TreePolicy, WeightFormat,
 };
 
 #[derive(Parser)]
@@ -52,6 +52,10 @@ struct Args {
     /// pay), auto:MAX, N (fixed; sampled output reproducible from the seed), grow, grow:MAX.
     #[arg(long, default_value = "auto")]
     k: String,
+    /// Round shape: none (chains), auto or auto:WxDxN[xE] (a tree of drafts when it measures
+    /// faster), WxDxN[xE] (always a tree: width, depth, nodes, nodes expanded per level).
+    #[arg(long, default_value = "none")]
+    tree: String,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -104,6 +108,7 @@ fn main() -> Result<()> {
         .with_context(|| format!("building drafter {spec}"))?;
     let draft_name = spec.to_string();
     let k_policy: KPolicy = args.k.parse()?;
+    let tree: TreePolicy = args.tree.parse()?;
 
     let prompt = match args.chat.as_str() {
         "on" => tokenizer.chat_prompt(&args.prompt),
@@ -122,7 +127,7 @@ fn main() -> Result<()> {
     stop.extend(tokenizer.end_of_turn_ids());
 
     eprintln!(
-        "target {} ({}), drafter {draft_name}, k {k_policy}, prompt {} tokens",
+        "target {} ({}), drafter {draft_name}, k {k_policy}, tree {tree}, prompt {} tokens",
         target_files.name(),
         args.target_format,
         ids.len()
@@ -130,6 +135,7 @@ fn main() -> Result<()> {
     eprintln!("{}", specdec::cpu::kernels());
     let mut spec = SpeculativeDecoder::builder(drafter, Llama::new(target_w.clone())?)
         .k_policy(k_policy)
+        .tree(tree)
         .sampling(sampling.clone())
         .max_new_tokens(args.max_new_tokens)
         .stop_tokens(stop.clone())

@@ -1,6 +1,6 @@
 //! The two roles a model plays: the target that verifies and the draft that proposes.
 
-use crate::draft::tree::{expand_tree, ChildPicker, DraftTree, TreeBudget};
+use crate::draft::{expand_tree, ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::models::TreeShape;
 

@@ -1,6 +1,7 @@
 //! Drafters: heuristics that implement [`DraftModel`](crate::DraftModel) without a model, and
 //! [`Drafter`], the run-time choice between a model draft and the n-gram drafter.
 
+mod expand;
 pub mod ngram;
 pub mod tree;
 
@@ -9,8 +10,9 @@ use std::sync::Arc;
 
 use candle_core::Device;
 
+pub use expand::expand_tree;
 pub use ngram::NGramDraft;
-pub use tree::{expand_tree, Child, ChildPicker, DraftTree, TreeBudget};
+pub use tree::{Child, ChildPicker, DraftTree, TreeBudget};
 
 use crate::error::{Error, Result};
 use crate::loading::{check_compatible, ModelFiles};

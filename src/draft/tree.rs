@@ -1,6 +1,7 @@
 //! Trees of drafted tokens: the shape a drafter fills ([`TreeBudget`]), what it returns
-//! ([`DraftTree`]), and the EAGLE-2 style expansion any model drafter uses
-//! ([`expand_tree`]), with children picked by the decoder's sampling settings ([`ChildPicker`]).
+//! ([`DraftTree`]), and how a drafter's row becomes children under the decoder's sampling
+//! settings ([`ChildPicker`]). Model drafters grow trees with
+//! [`expand_tree`](super::expand_tree).
 //!
 //! A node is a deterministic proposal (a point mass) or a draw from a draft row kept with it.
 //! Which deterministic tokens a drafter puts in a tree may depend on anything but the target,
@@ -10,7 +11,6 @@
 use rand::rngs::StdRng;
 
 use crate::error::{Error, Result};
-use crate::model::{Logits, TargetModel};
 use crate::models::TreeShape;
 use crate::sampling::{sample, SamplingConfig};
 
@@ -138,7 +138,8 @@ impl DraftTree {
         }
     }
 
-    fn add(&mut self, token: u32, parent: Option<usize>, row: Option<Vec<f32>>) -> usize {
+    /// Appends a node as it is (no parent check, no merging): for copies of checked trees.
+    pub(super) fn add(&mut self, token: u32, parent: Option<usize>, row: Option<Vec<f32>>) -> usize {
         self.tokens.push(token);
         self.parents.push(parent);
         self.rows.push(row);
@@ -259,173 +260,9 @@ impl<'a> ChildPicker<'a> {
     }
 }
 
-/// A node found while expanding: its index, its cumulative draft log-probability, and the
-/// score it is kept by. A sampled node is kept by its parent's score: whether a draw stays in
-/// the tree must not depend on what was drawn, or the kept draws would no longer follow their
-/// row and the kernel's rule would be biased (the decoder's chi-square tests catch exactly
-/// that). Its descendants score no higher, so it still ranks above them.
-#[derive(Debug, Clone, Copy)]
-struct Scored {
-    node: usize,
-    logp: f32,
-    rank: f32,
-}
-
-/// Adds `kids` under `parent` (of cumulative log-probability `base`); returns them scored.
-fn add_children(tree: &mut DraftTree, kids: Vec<Child>, parent: Option<usize>, base: f32) -> Result<Vec<Scored>> {
-    kids.into_iter()
-        .map(|c| {
-            let (node, rank) = match c.row {
-                Some(row) => (tree.push_sampled(c.token, parent, row)?, base),
-                None => (tree.push(c.token, parent)?, base + c.logp),
-            };
-            Ok(Scored { node, logp: base + c.logp, rank })
-        })
-        .collect()
-}
-
-/// Drafts a tree with a model within `budget`, children picked by `picker`; in the end the
-/// `budget.nodes` nodes with the highest cumulative draft log-probability are kept (the EAGLE-2
-/// rerank; a node never ranks above its parent, so the kept set is a tree).
-///
-/// With `budget.expand` = 1 each level's first child ([`ChildPicker::pick`]: a draw when
-/// sampling) is fed to the model like a chain's draft token (one one-token call per level),
-/// and the model ends holding the context through `tokens` plus the kept part of that path
-/// but its last node. With more, the `expand` best nodes of each level are scored together in
-/// one [`TargetModel::forward_tree`] call (Li et al. 2024, EAGLE-2); their children are the
-/// most likely tokens ([`ChildPicker::pick_top`]), and the model ends holding all of `tokens`
-/// but the last.
-///
-/// # Errors
-/// Model failures; [`Error::BadModelOutput`] for rows of the wrong size; [`Error::EmptyPrompt`]
-/// for no tokens.
-pub fn expand_tree<M: TargetModel + ?Sized>(
-    model: &mut M,
-    tokens: &[u32],
-    budget: TreeBudget,
-    picker: &mut ChildPicker,
-) -> Result<DraftTree> {
-    if tokens.is_empty() {
-        return Err(Error::EmptyPrompt);
-    }
-    if budget.expand == 1 {
-        expand_first_children(model, tokens, budget, picker)
-    } else {
-        expand_best(model, tokens, budget, picker)
-    }
-}
-
-fn expand_first_children<M: TargetModel + ?Sized>(
-    model: &mut M,
-    tokens: &[u32],
-    budget: TreeBudget,
-    picker: &mut ChildPicker,
-) -> Result<DraftTree> {
-    let held = model.context_len() + tokens.len();
-    let (mut all, mut candidates) = (DraftTree::new(), Vec::new());
-    let mut row = last_row(model.forward(tokens, 1)?, model.vocab_size())?;
-    let (mut parent, mut base) = (None, 0.0);
-    for depth in 0..budget.depth {
-        let scored = add_children(&mut all, picker.pick(&row, budget.width)?, parent, base)?;
-        let Some(&first) = scored.first() else { break };
-        candidates.extend(scored);
-        if depth + 1 < budget.depth {
-            row = last_row(model.forward(&all.tokens[first.node..=first.node], 1)?, model.vocab_size())?;
-            (parent, base) = (Some(first.node), first.logp);
-        }
-    }
-    let tree = keep_best(&all, candidates, budget.nodes)?;
-    // The model holds the first children it was fed; keep those that survived the rerank.
-    let kept =
-        tree.first_path().iter().zip(all.first_path()).take_while(|(a, b)| tree.tokens[**a] == all.tokens[*b]).count();
-    if model.context_len() > held + kept {
-        model.truncate(held + kept)?;
-    }
-    Ok(tree)
-}
-
-fn expand_best<M: TargetModel + ?Sized>(
-    model: &mut M,
-    tokens: &[u32],
-    budget: TreeBudget,
-    picker: &mut ChildPicker,
-) -> Result<DraftTree> {
-    let (&root, head) = tokens.split_last().ok_or(Error::EmptyPrompt)?;
-    if !head.is_empty() {
-        model.forward(head, 0)?;
-    }
-    let (mut all, mut candidates) = (DraftTree::new(), Vec::<Scored>::new());
-    let mut frontier = vec![Scored { node: usize::MAX, logp: 0.0, rank: 0.0 }];
-    for depth in 0..budget.depth {
-        // The call scores the root and the nodes the frontier descends from.
-        let (call, index) = ancestors_of(&all, &frontier);
-        let mut call_tokens = vec![root];
-        call_tokens.extend(call.tokens());
-        let rows = model.forward_tree(&call_tokens, &call.shape()?)?;
-        check_rows(&rows, call_tokens.len(), model.vocab_size())?;
-        let mut next = Vec::new();
-        for f in &frontier {
-            let (parent, row) = match f.node {
-                usize::MAX => (None, rows.row(0)),
-                n => (Some(n), rows.row(index[n] + 1)),
-            };
-            // Deterministic children only: which nodes are expanded depends on their scores,
-            // and a draw's presence must not depend on what was drawn.
-            next.extend(add_children(&mut all, picker.pick_top(row, budget.width)?, parent, f.logp)?);
-        }
-        candidates.extend(&next);
-        if depth + 1 < budget.depth {
-            next.sort_by(|a, b| b.logp.total_cmp(&a.logp));
-            next.truncate(budget.expand);
-            frontier = next;
-        }
-    }
-    keep_best(&all, candidates, budget.nodes)
-}
-
-/// The sub-tree of `all` holding every frontier node and its ancestors, and for each node of
-/// `all` in it, its index in the sub-tree.
-fn ancestors_of(all: &DraftTree, frontier: &[Scored]) -> (DraftTree, Vec<usize>) {
-    let mut wanted = vec![false; all.len()];
-    for f in frontier.iter().filter(|f| f.node != usize::MAX) {
-        let mut at = Some(f.node);
-        while let Some(n) = at.filter(|&n| !wanted[n]) {
-            wanted[n] = true;
-            at = all.parents[n];
-        }
-    }
-    let (mut sub, mut index) = (DraftTree::new(), vec![usize::MAX; all.len()]);
-    for n in (0..all.len()).filter(|&n| wanted[n]) {
-        index[n] = sub.add(all.tokens[n], all.parents[n].map(|p| index[p]), None);
-    }
-    (sub, index)
-}
-
-/// The `nodes` best candidates by rank (see [`Scored`]), as a tree in node order.
-fn keep_best(all: &DraftTree, mut candidates: Vec<Scored>, nodes: usize) -> Result<DraftTree> {
-    // A stable sort: a child ties its parent only when it is certain, and then the parent,
-    // found first, stays ahead, so every kept node's parent is kept too.
-    candidates.sort_by(|a, b| b.rank.total_cmp(&a.rank));
-    let mut keep = vec![false; all.len()];
-    for c in candidates.iter().take(nodes) {
-        keep[c.node] = true;
-    }
-    let mut tree = DraftTree::new();
-    let mut index = vec![usize::MAX; all.len()];
-    for n in 0..all.len() {
-        match all.parents[n] {
-            _ if !keep[n] => {}
-            // Equal log-probabilities could still order a child first; such a node is dropped.
-            Some(p) if !keep[p] => keep[n] = false,
-            p => index[n] = tree.add(all.tokens[n], p.map(|p| index[p]), all.rows[n].clone()),
-        }
-    }
-    Ok(tree)
-}
-
 /// The `width` most likely tokens of a logits row (never `skip`), with their
 /// log-probabilities; tokens with non-finite logits are never proposed.
-fn top_tokens(row: &[f32], width: usize, skip: Option<u32>) -> Vec<(u32, f32)> {
+pub(super) fn top_tokens(row: &[f32], width: usize, skip: Option<u32>) -> Vec<(u32, f32)> {
     let max = row.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max);
     let total: f64 = row.iter().filter(|x| x.is_finite()).map(|&x| f64::from(x - max).exp()).sum();
     let log_total = max + total.ln() as f32;
@@ -441,22 +278,9 @@ fn top_tokens(row: &[f32], width: usize, skip: Option<u32>) -> Vec<(u32, f32)> {
     order.into_iter().map(|t| (t, row[t as usize] - log_total)).collect()
 }
 
-fn last_row(rows: Logits, vocab: usize) -> Result<Vec<f32>> {
-    check_rows(&rows, 1, vocab)?;
-    Ok(rows.into_last_row())
-}
-
-fn check_rows(rows: &Logits, expected: usize, vocab: usize) -> Result<()> {
-    if rows.rows() != expected || rows.vocab() != vocab {
-        return Err(Error::BadModelOutput { model: "draft", what: "tree logits rows", expected, got: rows.rows() });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::toy::MarkovModel;
     use rand::SeedableRng;
 
     #[test]
@@ -483,33 +307,6 @@ mod tests {
         assert_eq!(t.first_path(), vec![0, 1]);
         assert_eq!(t.row(2), Some(&[1.0f32][..]));
         assert_eq!(t.shape()?.depth(3), 1);
-        Ok(())
-    }
-
-    fn rank(model: &MarkovModel, last: u32) -> Vec<u32> {
-        let row: Vec<f32> = model.next_probs(&[last]).iter().map(|p| p.ln()).collect();
-        top_tokens(&row, 2, None).into_iter().map(|(t, _)| t).collect()
-    }
-
-    #[test]
-    fn greedy_expansion_takes_each_parents_best_tokens_within_the_budget() -> Result<()> {
-        let (sampling, mut rng) = (SamplingConfig::greedy(), StdRng::seed_from_u64(1));
-        let mut picker = ChildPicker::new(&sampling, &mut rng);
-        for expand in [1, 2] {
-            let mut model = MarkovModel::random(8, 1, 3);
-            let tree = expand_tree(&mut model, &[1, 2], TreeBudget::new(2, 3, 6, expand)?, &mut picker)?;
-            assert_eq!(tree.len(), 6, "expand {expand}");
-            assert_eq!(tree.tokens()[0], rank(&model, 2)[0]);
-            for (i, &p) in tree.parents().iter().enumerate() {
-                let last = p.map_or(2, |p| tree.tokens()[p]);
-                assert!(rank(&model, last).contains(&tree.tokens()[i]), "expand {expand}, node {i}");
-            }
-            // The model holds the context and, expanding first children, the kept first path
-            // but its last node.
-            let first: Vec<u32> = tree.first_path().iter().map(|&i| tree.tokens()[i]).collect();
-            let held = if expand == 1 { [vec![1, 2], first[..first.len() - 1].to_vec()].concat() } else { vec![1] };
-            assert_eq!(model.context(), &held[..], "expand {expand}");
-        }
         Ok(())
     }
 

@@ -1,0 +1,106 @@
+//! The tree round of [`SpeculativeDecoder`]: the draft proposes a tree, the target scores it
+//! in one call, the kernel walks it, and both models keep the accepted path.
+
+use super::{pending, timed, SpeculativeDecoder};
+use crate::draft::{ChildPicker, DraftTree, TreeBudget};
+use crate::error::{Error, Result};
+use crate::kernel::{self, DraftRow, TreeNode, Verdict};
+use crate::model::{DraftModel, TargetModel};
+use crate::sampling::argmax;
+
+impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
+    /// A tree round: the draft proposes a tree, the target scores it in one call, the kernel
+    /// walks it, and both models keep the accepted path.
+    pub(super) fn tree_round(&mut self, budget: TreeBudget) -> Result<Verdict> {
+        let n = self.ctx.len();
+        let feed = pending(&self.ctx, self.draft.context_len(), "draft")?;
+        let (draft, mut picker) = (&mut self.draft, ChildPicker::new(&self.sampling, &mut self.rng));
+        let tree = timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
+        self.stats.draft_calls += 1;
+        self.check_tree(&tree, budget)?;
+        let nodes: Vec<TreeNode> = (0..tree.len())
+            .map(|i| TreeNode {
+                token: tree.tokens()[i],
+                parent: tree.parents()[i],
+                q: tree.row(i).map_or(DraftRow::Point, DraftRow::Dense),
+            })
+            .collect();
+        let (tokens, path) = self.verify_tree(&tree, &nodes)?;
+        let accepted = path.path.len();
+        let target = &mut self.target;
+        let kept: Vec<usize> = std::iter::once(0).chain(path.path.iter().map(|i| i + 1)).collect();
+        timed(&mut self.stats.target_secs, || target.keep_path(&tokens, &kept))?;
+        self.stats.drafted += tree.len();
+        self.stats.accepted += accepted;
+        self.stats.tree_rounds += 1;
+        let at = path.path.last().copied();
+        self.stats.rejections += usize::from(tree.parents().contains(&at));
+        // The drafter may hold drafted tokens of the tree's first path: those the accepted path
+        // shares are right.
+        let shared = tree.first_path().iter().zip(&path.path).take_while(|(a, b)| a == b).count();
+        let keep = n + shared;
+        if self.draft.context_len() > keep {
+            self.draft.truncate(keep)?;
+        }
+        Ok(Verdict { accepted, tokens: path.tokens })
+    }
+
+    /// Checks a drafted tree against the vocabulary and the budget.
+    fn check_tree(&self, tree: &DraftTree, budget: TreeBudget) -> Result<()> {
+        let vocab = self.target.vocab_size();
+        if let Some(&token) = tree.tokens().iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        if let Some(row) = (0..tree.len()).filter_map(|i| tree.row(i)).find(|r| r.len() != vocab) {
+            return Err(Error::BadModelOutput {
+                model: "draft",
+                what: "tree row length",
+                expected: vocab,
+                got: row.len(),
+            });
+        }
+        if tree.len() > budget.nodes {
+            return Err(Error::BadModelOutput {
+                model: "draft",
+                what: "tree nodes",
+                expected: budget.nodes,
+                got: tree.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Scores the pending token and the tree in one target call and walks it. Returns the
+    /// call's tokens (the root, then the nodes) and the verdict.
+    fn verify_tree(&mut self, tree: &DraftTree, nodes: &[TreeNode]) -> Result<(Vec<u32>, kernel::TreeVerdict)> {
+        let pending = pending(&self.ctx, self.target.context_len(), "target")?;
+        let (&root, head) = pending.split_last().ok_or(Error::NotReady("nothing pending"))?;
+        let mut tokens = vec![root];
+        tokens.extend_from_slice(tree.tokens());
+        let shape = tree.shape()?;
+        let target = &mut self.target;
+        let logits = timed(&mut self.stats.target_secs, || {
+            if !head.is_empty() {
+                target.forward(head, 0)?;
+            }
+            target.forward_tree(&tokens, &shape)
+        })?;
+        self.stats.target_calls += 1;
+        let vocab = self.target.vocab_size();
+        if logits.rows() != tokens.len() || logits.vocab() != vocab {
+            return Err(Error::BadModelOutput {
+                model: "target",
+                what: "tree logits rows",
+                expected: tokens.len(),
+                got: logits.rows(),
+            });
+        }
+        let verdict = if self.sampling.is_greedy() {
+            kernel::verify_tree_greedy(nodes, |r| argmax(logits.row(r)))?
+        } else {
+            let sampling = &self.sampling;
+            kernel::verify_tree(nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
+        };
+        Ok((tokens, verdict))
+    }
+}
