@@ -19,7 +19,7 @@ use candle_core::quantized::QTensor;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
-use crate::models::config::LlamaConfig;
+use crate::models::config::{Family, LlamaConfig};
 use crate::tokenizer::Tokenizer;
 
 /// Metadata array elements a file may hold in all (Llama 3's vocabulary and merges are ~0.4 M).
@@ -125,18 +125,47 @@ impl GgufFile {
         Error::Load { path: self.path.clone(), reason }
     }
 
-    /// The model's shape from the `llama.*` metadata.
+    /// The model's family, from `general.architecture`.
     ///
     /// # Errors
-    /// [`Error::UnsupportedArchitecture`] unless `general.architecture` is `llama`;
+    /// [`Error::UnsupportedArchitecture`] for an architecture outside [`Family`].
+    pub fn family(&self) -> Result<Family> {
+        let arch = self.metadata("general.architecture").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
+        Family::from_name(&arch).ok_or(Error::UnsupportedArchitecture(arch))
+    }
+
+    /// For a family whose files keep query/key rows in halves order (Qwen), the heads of the
+    /// query or key tensor `name` (1 for a per-head norm weight); `None` for other tensors and
+    /// families.
+    ///
+    /// # Errors
+    /// An unsupported architecture; missing head counts.
+    pub(crate) fn halves_heads(&self, name: &str) -> Result<Option<usize>> {
+        let family = self.family()?;
+        if !family.gguf_rows_in_halves() {
+            return Ok(None);
+        }
+        let key = |k: &str| format!("{}.attention.{k}", family.gguf_name());
+        Ok(match name.split('.').nth(2) {
+            Some("attn_q") => Some(self.get_u32(&key("head_count"))? as usize),
+            Some("attn_k") => {
+                Some(self.get_u32(&key("head_count_kv")).or_else(|_| self.get_u32(&key("head_count")))? as usize)
+            }
+            Some("attn_q_norm" | "attn_k_norm") => Some(1),
+            _ => None,
+        })
+    }
+
+    /// The model's shape from the `{architecture}.*` metadata.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedArchitecture`] for an architecture outside [`Family`];
     /// [`Error::Load`] for missing or malformed metadata.
     pub fn config(&self) -> Result<LlamaConfig> {
-        let arch = self.metadata("general.architecture").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
-        if arch != "llama" {
-            return Err(Error::UnsupportedArchitecture(arch));
-        }
-        let hidden_size = self.get_u32("llama.embedding_length")? as usize;
-        let num_heads = self.get_u32("llama.attention.head_count")? as usize;
+        let family = self.family()?;
+        let key = |k: &str| format!("{}.{k}", family.gguf_name());
+        let hidden_size = self.get_u32(&key("embedding_length"))? as usize;
+        let num_heads = self.get_u32(&key("attention.head_count"))? as usize;
         let embd_rows =
             self.content.tensor_infos.get("token_embd.weight").and_then(|t| t.shape.dims().first().copied());
         let vocab_size = match self.metadata("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()) {
@@ -144,20 +173,22 @@ impl GgufFile {
             None => embd_rows.ok_or_else(|| Error::MissingTensor("token_embd.weight".into()))?,
         };
         let eos_token_ids = self.get_u32("tokenizer.ggml.eos_token_id").map(|id| vec![id]).unwrap_or_default();
+        let head_dim = self
+            .get_u32(&key("attention.key_length"))
+            .or_else(|_| self.get_u32(&key("rope.dimension_count")))
+            .map_or(hidden_size / num_heads.max(1), |v| v as usize);
         let config = LlamaConfig {
+            family,
             vocab_size,
             hidden_size,
-            intermediate_size: self.get_u32("llama.feed_forward_length")? as usize,
-            num_layers: self.get_u32("llama.block_count")? as usize,
+            intermediate_size: self.get_u32(&key("feed_forward_length"))? as usize,
+            num_layers: self.get_u32(&key("block_count"))? as usize,
             num_heads,
-            num_kv_heads: self.get_u32("llama.attention.head_count_kv").map(|v| v as usize).unwrap_or(num_heads),
-            head_dim: self
-                .get_u32("llama.rope.dimension_count")
-                .map(|v| v as usize)
-                .unwrap_or(hidden_size / num_heads.max(1)),
-            rope_theta: self.get_f32("llama.rope.freq_base").unwrap_or(10_000.0),
-            rms_norm_eps: self.get_f32("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
-            max_context: self.get_u32("llama.context_length")? as usize,
+            num_kv_heads: self.get_u32(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads),
+            head_dim,
+            rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
+            rms_norm_eps: self.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f64,
+            max_context: self.get_u32(&key("context_length"))? as usize,
             eos_token_ids,
         };
         config.validate()?;

@@ -15,6 +15,7 @@ use crate::models::config::LlamaConfig;
 use crate::models::engine::Engine;
 use crate::models::format::WeightFormat;
 use crate::models::llama::LlamaWeights;
+use crate::models::tensors::halves_to_interleaved;
 pub use crate::models::tensors::TensorSource;
 use crate::tokenizer::Tokenizer;
 
@@ -27,7 +28,11 @@ impl TensorSource for GgufFile {
     }
 
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
-        self.tensor(name, device)
+        let t = self.tensor(name, device)?;
+        match self.halves_heads(name)? {
+            Some(heads) => halves_to_interleaved(&t, heads, device),
+            None => Ok(t),
+        }
     }
 }
 

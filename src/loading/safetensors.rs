@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::models::config::{HfConfig, LlamaConfig};
-use crate::models::tensors::TensorSource;
+use crate::models::tensors::{halves_to_interleaved, TensorSource};
 use crate::tokenizer::Tokenizer;
 
 /// An opened HF-layout folder.
@@ -68,19 +68,33 @@ impl SafetensorsDir {
         }
         let rest = name.strip_prefix("blk.")?;
         let (layer, part) = rest.split_once('.')?;
-        let part = match part.strip_suffix(".weight")? {
+        let (part, kind) = part.rsplit_once('.')?;
+        let part = match part {
             "attn_norm" => "input_layernorm",
             "ffn_norm" => "post_attention_layernorm",
             "attn_q" => "self_attn.q_proj",
             "attn_k" => "self_attn.k_proj",
             "attn_v" => "self_attn.v_proj",
             "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
             "ffn_gate" => "mlp.gate_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
             _ => return None,
         };
-        Some(format!("model.layers.{layer}.{part}.weight"))
+        Some(format!("model.layers.{layer}.{part}.{kind}"))
+    }
+
+    /// How many heads a query or key tensor holds (1 for a per-head norm weight), whose rows
+    /// HF files store in halves order; `None` for the other tensors.
+    fn query_key_heads(&self, name: &str) -> Option<usize> {
+        match name.split('.').nth(2)? {
+            "attn_q" => Some(self.config.num_heads),
+            "attn_k" => Some(self.config.num_kv_heads),
+            "attn_q_norm" | "attn_k_norm" => Some(1),
+            _ => None,
+        }
     }
 }
 
@@ -94,33 +108,17 @@ impl TensorSource for SafetensorsDir {
             .hf_name(name)
             .filter(|hf| self.tensors.get(hf).is_ok())
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
-        let t = self.tensors.load(&hf, device)?.to_dtype(DType::F32)?;
-        let heads = if name.ends_with("attn_q.weight") {
-            Some(self.config.num_heads)
-        } else if name.ends_with("attn_k.weight") {
-            Some(self.config.num_kv_heads)
-        } else {
-            None
-        };
-        let t = match heads {
-            Some(h) => hf_to_interleaved(&t, h)?,
-            None => t,
-        };
-        Ok(QTensor::quantize(&t, GgmlDType::F32)?)
+        let t = QTensor::quantize(&self.tensors.load(&hf, device)?.to_dtype(DType::F32)?, GgmlDType::F32)?;
+        match self.query_key_heads(name) {
+            Some(heads) => halves_to_interleaved(&t, heads, device),
+            None => Ok(t),
+        }
     }
 }
 
-/// Reorders the rows of an HF query/key weight (each head: first halves, then second halves of
-/// the rotary pairs) into the interleaved order GGUF and this crate's RoPE use.
-///
-/// # Errors
-/// Shape errors.
-pub fn hf_to_interleaved(w: &Tensor, heads: usize) -> Result<Tensor> {
-    let (out, inp) = w.dims2()?;
-    Ok(w.reshape((heads, 2, out / heads / 2, inp))?.transpose(1, 2)?.contiguous()?.reshape((out, inp))?)
-}
-
-/// The inverse of [`hf_to_interleaved`], for writing HF checkpoints from GGUF weights.
+/// Query/key weight rows from the interleaved order GGUF llama files and this crate's RoPE use
+/// into HF's halves order (each head's first rotary elements, then its second ones), for
+/// writing HF checkpoints from GGUF weights.
 ///
 /// # Errors
 /// Shape errors.

@@ -25,6 +25,10 @@ struct Block {
     gate: Linear,
     up: Linear,
     down: Linear,
+    /// Query, key and value biases (Qwen2).
+    qkv_bias: Option<[Tensor; 3]>,
+    /// RMSNorm weights of each query head and each key head (Qwen3).
+    qk_norm: Option<[Tensor; 2]>,
 }
 
 /// Weights as candle tensors on one device.
@@ -49,7 +53,17 @@ impl CandleWeights {
         let mut blocks = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let t = BlockTensors::read(source, c, i, device)?;
+            let qkv_bias = match t.qkv_bias {
+                Some([q, k, v]) => Some([vector(q)?, vector(k)?, vector(v)?]),
+                None => None,
+            };
+            let qk_norm = match t.qk_norm {
+                Some([q, k]) => Some([vector(q)?, vector(k)?]),
+                None => None,
+            };
             blocks.push(Block {
+                qkv_bias,
+                qk_norm,
                 attn_norm: vector(t.attn_norm)?,
                 q: Linear::new(t.q, format, device)?,
                 k: Linear::new(t.k, format, device)?,
@@ -178,13 +192,27 @@ fn attention(
 ) -> Result<Tensor> {
     let n = h.dim(0)?;
     let (hd, kvh, groups) = (c.head_dim, c.num_kv_heads, c.num_heads / c.num_kv_heads);
-    let heads = |t: Tensor, count: usize| -> Result<Tensor> {
-        let t = t.reshape((n, count, hd))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
+    let eps = c.rms_norm_eps as f32;
+    let project = |w: &Linear, i: usize| -> Result<Tensor> {
+        let x = w.forward(h)?;
+        Ok(match &b.qkv_bias {
+            Some(bias) => x.broadcast_add(&bias[i])?,
+            None => x,
+        })
+    };
+    let heads = |t: Tensor, count: usize, norm: Option<&Tensor>| -> Result<Tensor> {
+        let t = t.reshape((n, count, hd))?;
+        let t = match norm {
+            Some(w) => candle_nn::ops::rms_norm(&t.contiguous()?, w, eps)?,
+            None => t,
+        };
+        let t = t.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
         Ok(candle_nn::rotary_emb::rope_i(&t, cos, sin)?.squeeze(0)?)
     };
-    let q = heads(b.q.forward(h)?, c.num_heads)?;
-    let k = heads(b.k.forward(h)?, kvh)?;
-    let v = b.v.forward(h)?.reshape((n, kvh, hd))?.transpose(0, 1)?.contiguous()?;
+    let norms = b.qk_norm.as_ref();
+    let q = heads(project(&b.q, 0)?, c.num_heads, norms.map(|n| &n[0]))?;
+    let k = heads(project(&b.k, 1)?, kvh, norms.map(|n| &n[1]))?;
+    let v = project(&b.v, 2)?.reshape((n, kvh, hd))?.transpose(0, 1)?.contiguous()?;
     let (keys, values) = cache.append(&k, &v)?;
     let total = keys.dim(1)?;
     let q = q.reshape((kvh, groups * n, hd))?;

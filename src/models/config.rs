@@ -4,10 +4,62 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Sizes and constants of a llama-family model (Llama 2/3 without rope scaling, SmolLM2,
-/// TinyLlama, the tinyllamas stories models).
+/// Which member of the llama family a model is: the same block with small additions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Llama 2/3 without rope scaling, SmolLM2, TinyLlama, the tinyllamas stories models.
+    #[default]
+    Llama,
+    /// Qwen2 and Qwen2.5: biases on the query, key and value products.
+    Qwen2,
+    /// Qwen3: an RMSNorm over each query and key head before RoPE, no biases.
+    Qwen3,
+}
+
+impl Family {
+    /// The family named by a GGUF `general.architecture` or an HF `model_type`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Self::Llama),
+            "qwen2" => Some(Self::Qwen2),
+            "qwen3" => Some(Self::Qwen3),
+            _ => None,
+        }
+    }
+
+    /// The name GGUF files use, and the prefix of their metadata keys.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+
+    /// True when the files store query and key rows in halves order (each head's first
+    /// rotary elements, then its second ones: RoPE "NeoX" style). GGUF llama files are
+    /// stored interleaved already; Qwen's are not, in GGUF as in HF files.
+    pub fn gguf_rows_in_halves(self) -> bool {
+        self != Self::Llama
+    }
+
+    /// True when the query, key and value products have biases.
+    pub fn qkv_bias(self) -> bool {
+        self == Self::Qwen2
+    }
+
+    /// True when each query and key head is RMS-normalized before RoPE.
+    pub fn qk_norm(self) -> bool {
+        self == Self::Qwen3
+    }
+}
+
+/// Sizes and constants of a llama-family model (see [`Family`] for the members).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaConfig {
+    /// Which member of the family.
+    pub family: Family,
     /// Tokens in the vocabulary.
     pub vocab_size: usize,
     /// Width of the residual stream.
@@ -94,6 +146,10 @@ pub(crate) struct HfConfig {
     pub(crate) tie_word_embeddings: bool,
     #[serde(default)]
     eos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    use_sliding_window: bool,
 }
 
 fn default_theta() -> f32 {
@@ -112,11 +168,16 @@ impl HfConfig {
     /// Converts to a [`LlamaConfig`].
     ///
     /// # Errors
-    /// [`Error::UnsupportedArchitecture`] for another model type or rope scaling.
+    /// [`Error::UnsupportedArchitecture`] for a model type outside [`Family`], rope scaling, a
+    /// sliding window, or biases where the family has none.
     pub(crate) fn to_llama(&self) -> Result<LlamaConfig> {
         let kind = self.model_type.as_deref().unwrap_or("llama");
-        if kind != "llama" {
-            return Err(Error::UnsupportedArchitecture(kind.to_string()));
+        let family = Family::from_name(kind).ok_or_else(|| Error::UnsupportedArchitecture(kind.to_string()))?;
+        if self.attention_bias && !family.qkv_bias() {
+            return Err(Error::UnsupportedArchitecture(format!("{kind} with attention_bias")));
+        }
+        if self.use_sliding_window {
+            return Err(Error::UnsupportedArchitecture(format!("{kind} with use_sliding_window")));
         }
         if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(Error::UnsupportedArchitecture("llama with rope_scaling".into()));
@@ -127,6 +188,7 @@ impl HfConfig {
             _ => Vec::new(),
         };
         let config = LlamaConfig {
+            family,
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
             intermediate_size: self.intermediate_size,

@@ -18,7 +18,7 @@ pub mod llama;
 pub mod native;
 pub mod tensors;
 
-pub use config::LlamaConfig;
+pub use config::{Family, LlamaConfig};
 pub use engine::{Backend, Engine, TreeShape};
 pub use format::WeightFormat;
 pub use llama::{Llama, LlamaWeights};

@@ -2,7 +2,9 @@
 //! engines. Loaders (GGUF files, HF folders) implement [`TensorSource`]; the engines turn the
 //! [`BlockTensors`] and [`OuterTensors`] read here into their own layouts.
 
-use candle_core::quantized::QTensor;
+use std::borrow::Cow;
+
+use candle_core::quantized::{QStorage, QTensor};
 use candle_core::Device;
 
 use crate::error::{Error, Result};
@@ -42,6 +44,12 @@ pub struct BlockTensors {
     pub up: QTensor,
     /// Feed-forward output weight, (hidden, intermediate).
     pub down: QTensor,
+    /// Query, key and value biases, (heads·head_dim), (kv_heads·head_dim) twice, for the
+    /// families that have them (Qwen2).
+    pub qkv_bias: Option<[QTensor; 3]>,
+    /// RMSNorm weights of each query and key head, (head_dim) each, for the families that
+    /// have them (Qwen3).
+    pub qk_norm: Option<[QTensor; 2]>,
 }
 
 impl BlockTensors {
@@ -52,8 +60,18 @@ impl BlockTensors {
     pub fn read(source: &mut dyn TensorSource, c: &LlamaConfig, i: usize, device: &Device) -> Result<Self> {
         let (h, q_out, kv_out, ff) =
             (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-        let mut read =
-            |name: &str, shape: &[usize]| read_checked(source, &format!("blk.{i}.{name}.weight"), shape, device);
+        let mut read = |name: &str, shape: &[usize]| read_checked(source, &format!("blk.{i}.{name}"), shape, device);
+        let qkv_bias = match c.family.qkv_bias() {
+            true => {
+                Some([read("attn_q.bias", &[q_out])?, read("attn_k.bias", &[kv_out])?, read("attn_v.bias", &[kv_out])?])
+            }
+            false => None,
+        };
+        let qk_norm = match c.family.qk_norm() {
+            true => Some([read("attn_q_norm.weight", &[c.head_dim])?, read("attn_k_norm.weight", &[c.head_dim])?]),
+            false => None,
+        };
+        let mut read = |name: &str, shape: &[usize]| read(&format!("{name}.weight"), shape);
         Ok(Self {
             attn_norm: read("attn_norm", &[h])?,
             q: read("attn_q", &[q_out, h])?,
@@ -64,6 +82,8 @@ impl BlockTensors {
             gate: read("ffn_gate", &[ff, h])?,
             up: read("ffn_up", &[ff, h])?,
             down: read("ffn_down", &[h, ff])?,
+            qkv_bias,
+            qk_norm,
         })
     }
 }
@@ -113,4 +133,32 @@ pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<(
         });
     }
     Ok(())
+}
+
+/// Reorders the rows of a query or key tensor (a weight, a bias, or a per-head norm weight
+/// with `heads` = 1) from halves order (each head's first rotary elements, then its second
+/// ones: HF files, Qwen GGUF files) into the interleaved order this crate's RoPE uses, moving
+/// whole rows of bytes so quantized rows stay exactly as stored.
+///
+/// # Errors
+/// [`Error::Load`] when the rows do not split into `heads` heads of an even width, or a 1-D
+/// tensor is quantized.
+pub(crate) fn halves_to_interleaved(t: &QTensor, heads: usize, device: &Device) -> Result<QTensor> {
+    let dims = t.shape().dims();
+    let rows = dims.first().copied().unwrap_or(0);
+    let data = t.data()?;
+    let bad = || Error::Load { path: "".into(), reason: format!("cannot reorder query/key rows of shape {dims:?}") };
+    if heads == 0 || !rows.is_multiple_of(2 * heads) || (dims.len() == 1 && t.dtype().block_size() != 1) {
+        return Err(bad());
+    }
+    let row_bytes = data.len() / rows;
+    let (hd, half) = (rows / heads, rows / heads / 2);
+    let mut out = Vec::with_capacity(data.len());
+    for r in 0..rows {
+        // Interleaved row 2i + j of a head is its halves row j·half + i.
+        let (head, within) = (r / hd, r % hd);
+        let from = head * hd + (within % 2) * half + within / 2;
+        out.extend_from_slice(&data[from * row_bytes..(from + 1) * row_bytes]);
+    }
+    Ok(QTensor::new(QStorage::from_data(Cow::Owned(out), device, t.dtype())?, dims)?)
 }

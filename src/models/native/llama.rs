@@ -1,6 +1,7 @@
 //! The llama forward pass of the native CPU engine.
 //!
-//! Per block: RMSNorm → one fused q|k|v product → RoPE → cache append → attention → output
+//! Per block: RMSNorm → one fused q|k|v product (+ biases, Qwen2) → (per-head RMSNorm of q
+//! and k, Qwen3) → RoPE → cache append → attention → output
 //! product + residual → RMSNorm → one fused gate|up product → SiLU·up → down product +
 //! residual. Products and attention run on the thread team; the element-wise steps are a few
 //! microseconds and run on the calling thread.
@@ -131,6 +132,10 @@ impl Matrix {
 struct Block {
     attn_norm: Vec<f32>,
     qkv: Matrix,
+    /// q|k|v biases, one row's worth (Qwen2).
+    qkv_bias: Option<Vec<f32>>,
+    /// RMSNorm weights of each query head and each key head (Qwen3).
+    qk_norm: Option<[Vec<f32>; 2]>,
     o: Matrix,
     ffn_norm: Vec<f32>,
     gate_up: Matrix,
@@ -167,9 +172,19 @@ impl NativeWeights {
         let mut blocks = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let t = BlockTensors::read(source, c, i, &Device::Cpu)?;
+            let qkv_bias = match t.qkv_bias {
+                Some(parts) => Some(parts.into_iter().map(vector).collect::<Result<Vec<_>>>()?.concat()),
+                None => None,
+            };
+            let qk_norm = match t.qk_norm {
+                Some([q, k]) => Some([vector(q)?, vector(k)?]),
+                None => None,
+            };
             blocks.push(Block {
                 attn_norm: vector(t.attn_norm)?,
                 qkv: Matrix::load(vec![t.q, t.k, t.v], format)?,
+                qkv_bias,
+                qk_norm,
                 o: Matrix::load(vec![t.o], format)?,
                 ffn_norm: vector(t.ffn_norm)?,
                 gate_up: Matrix::load(vec![t.gate, t.up], format)?,
@@ -297,6 +312,9 @@ impl NativeWeights {
             s.xb.resize(n * h, 0.0);
             attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
             b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
+            if let Some(bias) = &b.qkv_bias {
+                s.qkv.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
+            }
             // Split q|k|v rows, rotate q and k, append k and v to the cache.
             s.q.clear();
             s.k.clear();
@@ -306,6 +324,14 @@ impl NativeWeights {
                 s.q.extend_from_slice(&row[..q_out]);
                 s.k.extend_from_slice(&row[q_out..q_out + kv_out]);
                 kv.values.extend_from_slice(&row[q_out + kv_out..]);
+            }
+            if let Some([q_norm, k_norm]) = &b.qk_norm {
+                // Each head is one row of `head_dim` for the norm.
+                for (x, w) in [(&mut s.q, q_norm), (&mut s.k, k_norm)] {
+                    s.tmp.resize(x.len(), 0.0);
+                    attention::rms_norm(x, w, eps, &mut s.tmp);
+                    std::mem::swap(x, &mut s.tmp);
+                }
             }
             attention::rope(&mut s.q, c.num_heads, hd, cos, sin);
             attention::rope(&mut s.k, c.num_kv_heads, hd, cos, sin);

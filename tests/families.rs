@@ -1,0 +1,257 @@
+//! Model families beside llama, tested against an independent implementation: the tests write
+//! tiny random-weight checkpoints with the real tensor names and metadata keys (GGUF as
+//! llama.cpp writes Qwen2/Qwen3 files: query/key rows in halves order; an HF folder for Qwen2)
+//! and compare our logits, on both engines, with candle-transformers' own Qwen2 and Qwen3
+//! models (`quantized_qwen2`, `quantized_qwen3`, `qwen2`) to 1e-4 relative: after a prompt,
+//! and after single steps; multi-token forwards equal sequential ones and roll-back equals a
+//! fresh run.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use candle_transformers::models::{quantized_qwen2, quantized_qwen3, qwen2};
+use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
+use specdec::models::Family;
+use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
+
+const VOCAB: usize = 64;
+const HIDDEN: usize = 32;
+const FF: usize = 48;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 8;
+const LAYERS: usize = 2;
+const PROMPT: [u32; 6] = [3, 17, 42, 5, 60, 9];
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("specdec-families-{}-{name}", std::process::id()))
+}
+
+/// A random tensor of `shape`, scaled so activations stay in a sensible range.
+fn random(shape: &[usize], scale: f64, seed: u64) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    // A small deterministic generator: the values only need to be fixed and varied.
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (((state >> 40) as f64 / (1u64 << 24) as f64 - 0.5) * 2.0 * scale) as f32
+        })
+        .collect();
+    Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
+}
+
+/// The tensors of a tiny model in GGUF naming, HF row order (as both Qwen file kinds hold them).
+fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
+    let (q_out, kv_out) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
+    let mut t = vec![
+        ("token_embd.weight".to_string(), random(&[VOCAB, HIDDEN], 1.0, 1)?),
+        ("output_norm.weight".to_string(), (random(&[HIDDEN], 0.2, 2)? + 1.0)?),
+    ];
+    if family == Family::Qwen2 {
+        t.push(("output.weight".to_string(), random(&[VOCAB, HIDDEN], 0.3, 3)?));
+    }
+    for i in 0..LAYERS {
+        let s = 100 * (i as u64 + 1);
+        let mut add = |name: &str, shape: &[usize], scale: f64, seed: u64| -> Result<()> {
+            t.push((format!("blk.{i}.{name}"), random(shape, scale, s + seed)?));
+            Ok(())
+        };
+        add("attn_q.weight", &[q_out, HIDDEN], 0.3, 1)?;
+        add("attn_k.weight", &[kv_out, HIDDEN], 0.3, 2)?;
+        add("attn_v.weight", &[kv_out, HIDDEN], 0.3, 3)?;
+        add("attn_output.weight", &[HIDDEN, q_out], 0.3, 4)?;
+        add("ffn_gate.weight", &[FF, HIDDEN], 0.3, 5)?;
+        add("ffn_up.weight", &[FF, HIDDEN], 0.3, 6)?;
+        add("ffn_down.weight", &[HIDDEN, FF], 0.3, 7)?;
+        add("attn_norm.weight", &[HIDDEN], 0.2, 8)?;
+        add("ffn_norm.weight", &[HIDDEN], 0.2, 9)?;
+        if family == Family::Qwen2 {
+            add("attn_q.bias", &[q_out], 0.5, 10)?;
+            add("attn_k.bias", &[kv_out], 0.5, 11)?;
+            add("attn_v.bias", &[kv_out], 0.5, 12)?;
+        }
+        if family == Family::Qwen3 {
+            add("attn_q_norm.weight", &[HEAD_DIM], 0.3, 13)?;
+            add("attn_k_norm.weight", &[HEAD_DIM], 0.3, 14)?;
+        }
+    }
+    // Norm weights near 1.
+    for (name, w) in &mut t {
+        if name.ends_with("norm.weight") && !name.starts_with("output") {
+            *w = (&*w + 1.0)?;
+        }
+    }
+    Ok(t)
+}
+
+/// Writes a GGUF file as llama.cpp writes a Qwen2/Qwen3 model.
+fn write_gguf(family: Family, path: &Path) -> Result<()> {
+    let arch = family.gguf_name();
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (format!("{arch}.block_count"), Value::U32(LAYERS as u32)),
+        (format!("{arch}.context_length"), Value::U32(256)),
+        (format!("{arch}.embedding_length"), Value::U32(HIDDEN as u32)),
+        (format!("{arch}.feed_forward_length"), Value::U32(FF as u32)),
+        (format!("{arch}.attention.head_count"), Value::U32(HEADS as u32)),
+        (format!("{arch}.attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (format!("{arch}.rope.freq_base"), Value::F32(1_000_000.0)),
+    ];
+    if family == Family::Qwen3 {
+        meta.push((format!("{arch}.attention.key_length"), Value::U32(HEAD_DIM as u32)));
+        // candle's Qwen3 builds its RoPE tables in this dtype (f16 without the key).
+        meta.push(("general.dtype".into(), Value::U32(0)));
+    }
+    let tensors: Vec<(String, QTensor)> = tensors(family)?
+        .into_iter()
+        .map(|(n, t)| Ok((n, QTensor::quantize(&t, GgmlDType::F32)?)))
+        .collect::<Result<_>>()?;
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path)?;
+    gguf_file::write(&mut file, &meta_refs, &tensor_refs)?;
+    Ok(())
+}
+
+/// candle-transformers' logits for the last position after `tokens`, from a fresh model.
+fn reference(family: Family, path: &Path, tokens: &[u32]) -> Result<Vec<f32>> {
+    let mut file = std::fs::File::open(path)?;
+    let content = gguf_file::Content::read(&mut file)?;
+    let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+    let logits = match family {
+        Family::Qwen2 => {
+            quantized_qwen2::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)?.forward(&input, 0)?
+        }
+        Family::Qwen3 => {
+            quantized_qwen3::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)?.forward(&input, 0)?
+        }
+        Family::Llama => unreachable!("llama is tested elsewhere"),
+    };
+    Ok(logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
+}
+
+/// max |a − b| / max |b|.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn load(source: &mut dyn TensorSource, config: LlamaConfig, engine: Engine) -> Result<Llama> {
+    Llama::new(LlamaWeights::load(source, config, WeightFormat::F32, &Device::Cpu, engine)?.into())
+}
+
+/// Our logits along the prompt (one multi-token call, then single steps) against fresh
+/// reference runs on each prefix; multi-token equals sequential; roll-back equals fresh.
+fn check_against_reference(what: &str, mut model: Llama, reference: impl Fn(&[u32]) -> Result<Vec<f32>>) -> Result<()> {
+    let (head, steps) = PROMPT.split_at(3);
+    let first = model.forward(head, 1)?;
+    let d = rel_diff(first.row(0), &reference(head)?);
+    assert!(d <= 1e-4, "{what}: after the first {} tokens, relative difference {d}", head.len());
+    for (i, &t) in steps.iter().enumerate() {
+        let row = model.forward(&[t], 1)?;
+        let d = rel_diff(row.row(0), &reference(&PROMPT[..4 + i])?);
+        assert!(d <= 1e-4, "{what}: after single step {i}, relative difference {d}");
+    }
+    // One multi-token call gives the same rows as the steps; rolling back and going again too.
+    model.truncate(0)?;
+    let all = model.forward(&PROMPT, PROMPT.len())?;
+    model.truncate(2)?;
+    let again = model.forward(&PROMPT[2..], PROMPT.len() - 2)?;
+    for i in 2..PROMPT.len() {
+        let want = reference(&PROMPT[..=i])?;
+        assert!(rel_diff(all.row(i), &want) <= 1e-4, "{what}: multi-token row {i}");
+        assert!(rel_diff(again.row(i - 2), &want) <= 1e-4, "{what}: after roll-back, row {i}");
+    }
+    Ok(())
+}
+
+#[test]
+fn qwen2_and_qwen3_gguf_match_candle_transformers_on_both_engines() -> Result<()> {
+    for family in [Family::Qwen2, Family::Qwen3] {
+        let path = temp_path(&format!("{}.gguf", family.gguf_name()));
+        write_gguf(family, &path)?;
+        for engine in [Engine::Native, Engine::Candle] {
+            let mut file = GgufFile::open(&path)?;
+            let config = file.config()?;
+            assert_eq!(config.family, family);
+            assert_eq!(config.head_dim, HEAD_DIM);
+            let model = load(&mut file, config, engine)?;
+            check_against_reference(&format!("{family:?} GGUF, {engine:?}"), model, |t| reference(family, &path, t))?;
+        }
+        std::fs::remove_file(&path)?;
+    }
+    Ok(())
+}
+
+/// Writes an HF Qwen2 folder (config.json + model.safetensors) with the same weights.
+fn write_hf_qwen2(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let hf_name = |n: &str| -> String {
+        let fixed = [
+            ("token_embd.weight", "model.embed_tokens.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+            ("output.weight", "lm_head.weight"),
+        ];
+        if let Some((_, hf)) = fixed.iter().find(|(g, _)| *g == n) {
+            return hf.to_string();
+        }
+        let parts = [
+            ("attn_norm.", "input_layernorm."),
+            ("ffn_norm.", "post_attention_layernorm."),
+            ("attn_q.", "self_attn.q_proj."),
+            ("attn_k.", "self_attn.k_proj."),
+            ("attn_v.", "self_attn.v_proj."),
+            ("attn_output.", "self_attn.o_proj."),
+            ("ffn_gate.", "mlp.gate_proj."),
+            ("ffn_up.", "mlp.up_proj."),
+            ("ffn_down.", "mlp.down_proj."),
+        ];
+        let n = n.replacen("blk.", "model.layers.", 1);
+        parts.iter().fold(n, |n, (g, hf)| n.replacen(g, hf, 1))
+    };
+    let tensors: std::collections::HashMap<String, Tensor> =
+        tensors(Family::Qwen2)?.into_iter().map(|(n, t)| (hf_name(&n), t)).collect();
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+    let config = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": VOCAB,
+        "hidden_size": HIDDEN, "intermediate_size": FF, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "max_position_embeddings": 256,
+        "sliding_window": 256, "max_window_layers": LAYERS, "tie_word_embeddings": false,
+        "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "use_sliding_window": false, "hidden_act": "silu",
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    Ok(())
+}
+
+/// candle-transformers' safetensors Qwen2, fresh per call: last-position logits.
+fn reference_hf_qwen2(dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> {
+    let config: qwen2::Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)
+        .map_err(|e| specdec::Error::Load { path: dir.into(), reason: e.to_string() })?;
+    // SAFETY: the test's own file, not modified while mapped.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)?
+    };
+    let mut model = qwen2::ModelForCausalLM::new(&config, vb)?;
+    let logits = model.forward(&Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?, 0)?;
+    Ok(logits.squeeze(0)?.squeeze(0)?.to_vec1()?)
+}
+
+#[test]
+fn qwen2_hf_folder_matches_candle_transformers_on_both_engines() -> Result<()> {
+    let dir = temp_path("qwen2-hf");
+    write_hf_qwen2(&dir)?;
+    for engine in [Engine::Native, Engine::Candle] {
+        let mut st = SafetensorsDir::open(&dir)?;
+        let config = st.config().clone();
+        assert_eq!(config.family, Family::Qwen2);
+        let model = load(&mut st, config, engine)?;
+        check_against_reference(&format!("Qwen2 HF folder, {engine:?}"), model, |t| reference_hf_qwen2(&dir, t))?;
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
