@@ -2,16 +2,16 @@
 //! tiny random-weight checkpoints with the real tensor names and metadata keys (GGUF as
 //! llama.cpp writes Qwen2/Qwen3 files: query/key rows in halves order; an HF folder for Qwen2)
 //! and compare our logits, on both engines, with candle-transformers' own Qwen2 and Qwen3
-//! models (`quantized_qwen2`, `quantized_qwen3`, `qwen2`) to 1e-4 relative: after a prompt,
-//! and after single steps; multi-token forwards equal sequential ones and roll-back equals a
-//! fresh run.
+//! models (`quantized_qwen2`, `quantized_qwen3`, `qwen2`, `gemma3`) to 1e-4 relative: after a
+//! prompt, and after single steps; multi-token forwards equal sequential ones and roll-back
+//! equals a fresh run. Gemma 3's sliding window is checked on its own.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::{quantized_qwen2, quantized_qwen3, qwen2};
+use candle_transformers::models::{gemma3, quantized_qwen2, quantized_qwen3, qwen2};
 use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
 use specdec::models::Family;
 use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
@@ -24,6 +24,10 @@ const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 8;
 const LAYERS: usize = 2;
 const PROMPT: [u32; 6] = [3, 17, 42, 5, 60, 9];
+/// Gemma 3's sliding window here: longer than the prompt, so that candle-transformers (whose
+/// mask keeps one position more than HF's and llama.cpp's) agrees; the window itself is
+/// tested on its own.
+const WINDOW: usize = 16;
 
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("specdec-families-{}-{name}", std::process::id()))
@@ -43,7 +47,8 @@ fn random(shape: &[usize], scale: f64, seed: u64) -> Result<Tensor> {
     Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
 }
 
-/// The tensors of a tiny model in GGUF naming, HF row order (as both Qwen file kinds hold them).
+/// The tensors of a tiny model in GGUF naming, HF row order (as both Qwen and Gemma file kinds
+/// hold them), norm weights as GGUF stores them (near 1; Gemma's HF files store them minus 1).
 fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
     let (q_out, kv_out) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t = vec![
@@ -73,9 +78,13 @@ fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
             add("attn_k.bias", &[kv_out], 0.5, 11)?;
             add("attn_v.bias", &[kv_out], 0.5, 12)?;
         }
-        if family == Family::Qwen3 {
+        if matches!(family, Family::Qwen3 | Family::Gemma3) {
             add("attn_q_norm.weight", &[HEAD_DIM], 0.3, 13)?;
             add("attn_k_norm.weight", &[HEAD_DIM], 0.3, 14)?;
+        }
+        if family == Family::Gemma3 {
+            add("post_attention_norm.weight", &[HIDDEN], 0.2, 15)?;
+            add("post_ffw_norm.weight", &[HIDDEN], 0.2, 16)?;
         }
     }
     // Norm weights near 1.
@@ -101,6 +110,12 @@ fn write_gguf(family: Family, path: &Path) -> Result<()> {
         (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
         (format!("{arch}.rope.freq_base"), Value::F32(1_000_000.0)),
     ];
+    if family == Family::Gemma3 {
+        meta.push((format!("{arch}.attention.key_length"), Value::U32(HEAD_DIM as u32)));
+        meta.push((format!("{arch}.attention.sliding_window"), Value::U32(WINDOW as u32)));
+        meta.push((format!("{arch}.attention.sliding_window_pattern"), Value::U32(2)));
+        meta.push((format!("{arch}.rope.local_freq_base"), Value::F32(10_000.0)));
+    }
     if family == Family::Qwen3 {
         meta.push((format!("{arch}.attention.key_length"), Value::U32(HEAD_DIM as u32)));
         // candle's Qwen3 builds its RoPE tables in this dtype (f16 without the key).
@@ -129,7 +144,7 @@ fn reference(family: Family, path: &Path, tokens: &[u32]) -> Result<Vec<f32>> {
         Family::Qwen3 => {
             quantized_qwen3::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)?.forward(&input, 0)?
         }
-        Family::Llama => unreachable!("llama is tested elsewhere"),
+        other => unreachable!("{other:?} has no quantized reference here"),
     };
     Ok(logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
 }
@@ -188,9 +203,10 @@ fn qwen2_and_qwen3_gguf_match_candle_transformers_on_both_engines() -> Result<()
     Ok(())
 }
 
-/// Writes an HF Qwen2 folder (config.json + model.safetensors) with the same weights.
-fn write_hf_qwen2(dir: &Path) -> Result<()> {
+/// Writes an HF folder (config.json + model.safetensors) with the same weights.
+fn write_hf(family: Family, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
+    let gemma = family == Family::Gemma3;
     let hf_name = |n: &str| -> String {
         let fixed = [
             ("token_embd.weight", "model.embed_tokens.weight"),
@@ -200,9 +216,14 @@ fn write_hf_qwen2(dir: &Path) -> Result<()> {
         if let Some((_, hf)) = fixed.iter().find(|(g, _)| *g == n) {
             return hf.to_string();
         }
+        let ffn_norm = if gemma { "pre_feedforward_layernorm." } else { "post_attention_layernorm." };
         let parts = [
             ("attn_norm.", "input_layernorm."),
-            ("ffn_norm.", "post_attention_layernorm."),
+            ("post_attention_norm.", "post_attention_layernorm."),
+            ("post_ffw_norm.", "post_feedforward_layernorm."),
+            ("ffn_norm.", ffn_norm),
+            ("attn_q_norm.", "self_attn.q_norm."),
+            ("attn_k_norm.", "self_attn.k_norm."),
             ("attn_q.", "self_attn.q_proj."),
             ("attn_k.", "self_attn.k_proj."),
             ("attn_v.", "self_attn.v_proj."),
@@ -214,43 +235,128 @@ fn write_hf_qwen2(dir: &Path) -> Result<()> {
         let n = n.replacen("blk.", "model.layers.", 1);
         parts.iter().fold(n, |n, (g, hf)| n.replacen(g, hf, 1))
     };
-    let tensors: std::collections::HashMap<String, Tensor> =
-        tensors(Family::Qwen2)?.into_iter().map(|(n, t)| (hf_name(&n), t)).collect();
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
-    let config = serde_json::json!({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": VOCAB,
-        "hidden_size": HIDDEN, "intermediate_size": FF, "num_hidden_layers": LAYERS,
+    let mut hf = std::collections::HashMap::new();
+    for (n, t) in tensors(family)? {
+        // Gemma's HF files hold w where the norm scales by 1 + w.
+        let t = if gemma && n.ends_with("norm.weight") { (t - 1.0)? } else { t };
+        hf.insert(hf_name(&n), t);
+    }
+    candle_core::safetensors::save(&hf, dir.join("model.safetensors"))?;
+    let common = serde_json::json!({
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FF, "num_hidden_layers": LAYERS,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "max_position_embeddings": 256,
-        "sliding_window": 256, "max_window_layers": LAYERS, "tie_word_embeddings": false,
-        "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "use_sliding_window": false, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
     });
+    let extra = match family {
+        Family::Gemma3 => serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": HEAD_DIM,
+            "attention_bias": false, "hidden_activation": "gelu_pytorch_tanh", "rope_local_base_freq": 10_000.0,
+            "final_logit_softcapping": null, "attn_logit_softcapping": null, "query_pre_attn_scalar": HEAD_DIM,
+            "sliding_window": WINDOW, "sliding_window_pattern": 2,
+        }),
+        _ => serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 256,
+            "max_window_layers": LAYERS, "tie_word_embeddings": false, "use_sliding_window": false,
+            "hidden_act": "silu",
+        }),
+    };
+    let mut config = common;
+    config.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
     std::fs::write(dir.join("config.json"), config.to_string())?;
     Ok(())
 }
 
-/// candle-transformers' safetensors Qwen2, fresh per call: last-position logits.
-fn reference_hf_qwen2(dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> {
-    let config: qwen2::Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)
-        .map_err(|e| specdec::Error::Load { path: dir.into(), reason: e.to_string() })?;
+fn json_error(dir: &Path, e: serde_json::Error) -> specdec::Error {
+    specdec::Error::Load { path: dir.into(), reason: e.to_string() }
+}
+
+/// candle-transformers' safetensors model of `family`, fresh per call: last-position logits.
+fn reference_hf(family: Family, dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> {
+    let text = std::fs::read_to_string(dir.join("config.json"))?;
     // SAFETY: the test's own file, not modified while mapped.
     let vb = unsafe {
         candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)?
     };
-    let mut model = qwen2::ModelForCausalLM::new(&config, vb)?;
-    let logits = model.forward(&Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?, 0)?;
-    Ok(logits.squeeze(0)?.squeeze(0)?.to_vec1()?)
+    let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+    let logits = match family {
+        Family::Gemma3 => {
+            // Its attention appends a transposed (non-contiguous) value tensor to the KV cache,
+            // which candle refuses for more than one token at a time: feed them one by one.
+            let config: gemma3::Config = serde_json::from_str(&text).map_err(|e| json_error(dir, e))?;
+            let mut model = gemma3::Model::new(false, &config, vb)?;
+            let mut last = None;
+            for (i, &t) in tokens.iter().enumerate() {
+                last = Some(model.forward(&Tensor::new(&[t], &Device::Cpu)?.unsqueeze(0)?, i)?);
+            }
+            last.ok_or(specdec::Error::EmptyPrompt)?
+        }
+        _ => {
+            let config: qwen2::Config = serde_json::from_str(&text).map_err(|e| json_error(dir, e))?;
+            qwen2::ModelForCausalLM::new(&config, vb)?.forward(&input, 0)?
+        }
+    };
+    Ok(logits.flatten_all()?.to_vec1()?)
 }
 
 #[test]
-fn qwen2_hf_folder_matches_candle_transformers_on_both_engines() -> Result<()> {
-    let dir = temp_path("qwen2-hf");
-    write_hf_qwen2(&dir)?;
+fn qwen2_and_gemma3_hf_folders_match_candle_transformers_on_both_engines() -> Result<()> {
+    for family in [Family::Qwen2, Family::Gemma3] {
+        let dir = temp_path(&format!("{}-hf", family.gguf_name()));
+        write_hf(family, &dir)?;
+        for engine in [Engine::Native, Engine::Candle] {
+            let mut st = SafetensorsDir::open(&dir)?;
+            let config = st.config().clone();
+            assert_eq!(config.family, family);
+            let model = load(&mut st, config, engine)?;
+            check_against_reference(&format!("{family:?} HF folder, {engine:?}"), model, |t| {
+                reference_hf(family, &dir, t)
+            })?;
+        }
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn gemma3_gguf_matches_the_hf_reference_on_both_engines() -> Result<()> {
+    // candle-transformers' `quantized_gemma3` gates with SiLU where Gemma 3 uses GELU-tanh, so
+    // the GGUF file (norms stored as 1 + w) is checked against the safetensors model instead.
+    let (path, dir) = (temp_path("gemma3.gguf"), temp_path("gemma3-ref"));
+    write_gguf(Family::Gemma3, &path)?;
+    write_hf(Family::Gemma3, &dir)?;
+    for engine in [Engine::Native, Engine::Candle] {
+        let mut file = GgufFile::open(&path)?;
+        let config = file.config()?;
+        assert_eq!((config.family, config.sliding_window, config.sliding_pattern), (Family::Gemma3, Some(WINDOW), 2));
+        let model = load(&mut file, config, engine)?;
+        check_against_reference(&format!("Gemma3 GGUF, {engine:?}"), model, |t| reference_hf(Family::Gemma3, &dir, t))?;
+    }
+    std::fs::remove_file(&path)?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+#[test]
+fn a_sliding_window_layer_sees_exactly_its_last_window_positions() -> Result<()> {
+    // One sliding layer with a window of 3: the last row depends on the last 3 tokens only.
+    let dir = temp_path("gemma3-window");
+    write_hf(Family::Gemma3, &dir)?;
     for engine in [Engine::Native, Engine::Candle] {
         let mut st = SafetensorsDir::open(&dir)?;
-        let config = st.config().clone();
-        assert_eq!(config.family, Family::Qwen2);
-        let model = load(&mut st, config, engine)?;
-        check_against_reference(&format!("Qwen2 HF folder, {engine:?}"), model, |t| reference_hf_qwen2(&dir, t))?;
+        let mut config = st.config().clone();
+        (config.num_layers, config.sliding_window) = (1, Some(3));
+        let mut model = load(&mut st, config, engine)?;
+        let mut last = |tokens: &[u32]| -> Result<Vec<f32>> {
+            model.truncate(0)?;
+            Ok(model.forward(tokens, 1)?.into_last_row())
+        };
+        let base = last(&PROMPT)?;
+        let mut outside = PROMPT;
+        outside[2] = 1; // position 2: outside the window of position 5 (3, 4, 5)
+        let mut inside = PROMPT;
+        inside[3] = 1;
+        assert!(rel_diff(&last(&outside)?, &base) <= 1e-6, "{engine:?}: a token outside the window mattered");
+        assert!(rel_diff(&last(&inside)?, &base) > 1e-3, "{engine:?}: a token inside the window did not matter");
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())

@@ -190,6 +190,14 @@ impl GgufFile {
             rms_norm_eps: self.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f64,
             max_context: self.get_u32(&key("context_length"))? as usize,
             eos_token_ids,
+            // llama.cpp reads no pattern or local base from Gemma 3 files: every 6th layer is
+            // global and local layers rotate with base 10,000.
+            sliding_window: match family.gemma() {
+                true => Some(self.get_u32(&key("attention.sliding_window"))? as usize),
+                false => None,
+            },
+            sliding_pattern: self.get_u32(&key("attention.sliding_window_pattern")).map_or(6, |v| v as usize),
+            rope_local_theta: self.get_f32(&key("rope.local_freq_base")).unwrap_or(10_000.0),
         };
         config.validate()?;
         Ok(config)

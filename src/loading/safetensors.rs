@@ -42,7 +42,7 @@ impl SafetensorsDir {
         // SAFETY: the files are memory-mapped read-only; like every mmap-based loader this
         // assumes nobody truncates them while the model is being read.
         let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| fail(format!("safetensors: {e}")))?;
-        Ok(Self { dir, config, tied: hf.tie_word_embeddings, tensors })
+        Ok(Self { dir, tied: hf.tied(), config, tensors })
     }
 
     /// The model's shape.
@@ -69,9 +69,13 @@ impl SafetensorsDir {
         let rest = name.strip_prefix("blk.")?;
         let (layer, part) = rest.split_once('.')?;
         let (part, kind) = part.rsplit_once('.')?;
+        let gemma = self.config.family.gemma();
         let part = match part {
             "attn_norm" => "input_layernorm",
+            "ffn_norm" if gemma => "pre_feedforward_layernorm",
             "ffn_norm" => "post_attention_layernorm",
+            "post_attention_norm" => "post_attention_layernorm",
+            "post_ffw_norm" => "post_feedforward_layernorm",
             "attn_q" => "self_attn.q_proj",
             "attn_k" => "self_attn.k_proj",
             "attn_v" => "self_attn.v_proj",
@@ -108,7 +112,12 @@ impl TensorSource for SafetensorsDir {
             .hf_name(name)
             .filter(|hf| self.tensors.get(hf).is_ok())
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
-        let t = QTensor::quantize(&self.tensors.load(&hf, device)?.to_dtype(DType::F32)?, GgmlDType::F32)?;
+        let mut t = self.tensors.load(&hf, device)?.to_dtype(DType::F32)?;
+        // Gemma's RMSNorm scales by (1 + w); GGUF files and this crate's engines take the sum.
+        if self.config.family.gemma() && name.ends_with("norm.weight") {
+            t = (t + 1.0)?;
+        }
+        let t = QTensor::quantize(&t, GgmlDType::F32)?;
         match self.query_key_heads(name) {
             Some(heads) => halves_to_interleaved(&t, heads, device),
             None => Ok(t),

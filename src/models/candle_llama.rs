@@ -27,8 +27,12 @@ struct Block {
     down: Linear,
     /// Query, key and value biases (Qwen2).
     qkv_bias: Option<[Tensor; 3]>,
-    /// RMSNorm weights of each query head and each key head (Qwen3).
+    /// RMSNorm weights of each query head and each key head (Qwen3, Gemma 3).
     qk_norm: Option<[Tensor; 2]>,
+    /// RMSNorm weights after attention and after the feed-forward layer (Gemma).
+    post_norms: Option<[Tensor; 2]>,
+    /// True for a sliding-window layer (Gemma 3).
+    sliding: bool,
 }
 
 /// Weights as candle tensors on one device.
@@ -39,8 +43,9 @@ pub struct CandleWeights {
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
-    cos: Tensor,
-    sin: Tensor,
+    /// RoPE cosines and sines of the global layers, then of the sliding-window ones.
+    cos: [Tensor; 2],
+    sin: [Tensor; 2],
 }
 
 impl CandleWeights {
@@ -61,9 +66,15 @@ impl CandleWeights {
                 Some([q, k]) => Some([vector(q)?, vector(k)?]),
                 None => None,
             };
+            let post_norms = match t.post_norms {
+                Some([a, f]) => Some([vector(a)?, vector(f)?]),
+                None => None,
+            };
             blocks.push(Block {
                 qkv_bias,
                 qk_norm,
+                post_norms,
+                sliding: c.is_sliding(i),
                 attn_norm: vector(t.attn_norm)?,
                 q: Linear::new(t.q, format, device)?,
                 k: Linear::new(t.k, format, device)?,
@@ -78,15 +89,16 @@ impl CandleWeights {
         let outer = OuterTensors::read(source, c, device)?;
         let embed = outer.embed.dequantize(device)?;
         let lm_head = Linear::new(outer.lm_head.unwrap_or(outer.embed), format, device)?;
-        let angles = Tensor::from_vec(c.rope_angles(), (c.max_context, c.head_dim / 2), device)?;
+        let angles = |local| Tensor::from_vec(c.rope_angles(local), (c.max_context, c.head_dim / 2), device);
+        let (global, local) = (angles(false)?, angles(true)?);
         Ok(Self {
             device: device.clone(),
             embed,
             blocks,
             norm: vector(outer.norm)?,
             lm_head,
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            cos: [global.cos()?, local.cos()?],
+            sin: [global.sin()?, local.sin()?],
         })
     }
 }
@@ -152,24 +164,37 @@ impl CandleWeights {
         let n = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        let (cos, sin) = match tree {
-            None => (self.cos.narrow(0, pos, n)?, self.sin.narrow(0, pos, n)?),
-            Some(t) => {
-                let at: Vec<u32> = (0..n).map(|i| (pos + t.depth(i)) as u32).collect();
-                let at = Tensor::new(at, &self.device)?;
-                (self.cos.index_select(&at, 0)?, self.sin.index_select(&at, 0)?)
-            }
-        };
-        let mask = attention_mask(n, pos, tree, &self.device)?;
+        if c.family.gemma() {
+            x = (x * (c.hidden_size as f64).sqrt())?;
+        }
+        // Each token's position: pos + i along a chain, pos + depth in a tree.
+        let at: Vec<u32> = (0..n).map(|i| (pos + tree.map_or(i, |t| t.depth(i))) as u32).collect();
+        let at = Tensor::new(at, &self.device)?;
+        let tables: Vec<(Tensor, Tensor)> = (0..2)
+            .map(|t| Ok((self.cos[t].index_select(&at, 0)?, self.sin[t].index_select(&at, 0)?)))
+            .collect::<Result<_>>()?;
+        let masks = [
+            attention_mask(n, pos, tree, None, &self.device)?,
+            attention_mask(n, pos, tree, c.sliding_window, &self.device)?,
+        ];
         let eps = c.rms_norm_eps as f32;
+        let residual = |x: Tensor, y: Tensor, post: Option<&Tensor>| -> Result<Tensor> {
+            Ok(match post {
+                Some(w) => (x + candle_nn::ops::rms_norm(&y, w, eps)?)?,
+                None => (x + y)?,
+            })
+        };
         for (cache, &l) in caches.iter_mut().zip(layers) {
             let b = &self.blocks[l];
+            let (cos, sin) = &tables[usize::from(b.sliding)];
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let attn = attention(c, b, &h, &cos, &sin, mask.as_ref(), cache)?;
-            x = (x + b.o.forward(&attn)?)?;
+            let attn = attention(c, b, &h, cos, sin, masks[usize::from(b.sliding)].as_ref(), cache)?;
+            x = residual(x, b.o.forward(&attn)?, b.post_norms.as_ref().map(|p| &p[0]))?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let ffn = (candle_nn::ops::silu(&b.gate.forward(&h)?)? * b.up.forward(&h)?)?;
-            x = (x + b.down.forward(&ffn)?)?;
+            let gate = b.gate.forward(&h)?;
+            let gate = if c.family.gemma() { gate.gelu()? } else { candle_nn::ops::silu(&gate)? };
+            let ffn = (gate * b.up.forward(&h)?)?;
+            x = residual(x, b.down.forward(&ffn)?, b.post_norms.as_ref().map(|p| &p[1]))?;
         }
         if rows == 0 {
             return Ok(Vec::new());
@@ -227,15 +252,35 @@ fn attention(
 }
 
 /// (n, pos + n) additive mask: new token i sees the cached positions and, of the new ones,
-/// those up to itself (a chain) or its ancestors and itself (a tree).
-fn attention_mask(n: usize, pos: usize, tree: Option<&TreeShape>, device: &Device) -> Result<Option<Tensor>> {
-    if n == 1 {
+/// those up to itself (a chain) or its ancestors and itself (a tree); with a sliding `window`,
+/// only the cached positions among its last `window` positions.
+fn attention_mask(
+    n: usize,
+    pos: usize,
+    tree: Option<&TreeShape>,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let position = |i: usize| pos + tree.map_or(i, |t| t.depth(i));
+    let first = |i: usize| window.map_or(0, |w| (position(i) + 1).saturating_sub(w));
+    if n == 1 && first(0) == 0 {
         return Ok(None);
     }
     let total = pos + n;
     let sees = |i: usize, j: usize| j <= i && tree.is_none_or(|t| t.sees(i)[j]);
     let data: Vec<f32> = (0..n)
-        .flat_map(|i| (0..total).map(move |j| if j < pos || sees(i, j - pos) { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                // Index j of the call is position j in the cache, or a new token at its own.
+                let at = if j < pos { j } else { position(j - pos) };
+                let seen = at >= first(i) && (j < pos || sees(i, j - pos));
+                if seen {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     Ok(Some(Tensor::from_vec(data, (n, total), device)?))
 }

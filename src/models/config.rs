@@ -15,6 +15,10 @@ pub enum Family {
     Qwen2,
     /// Qwen3: an RMSNorm over each query and key head before RoPE, no biases.
     Qwen3,
+    /// Gemma 3: embeddings scaled by √hidden, RMSNorm weights used as (1 + w) (GGUF files
+    /// store the sum), norms after attention and after the feed-forward layer too, a GELU-tanh
+    /// gate, q/k norms, and sliding-window layers (with their own RoPE base) between global ones.
+    Gemma3,
 }
 
 impl Family {
@@ -24,6 +28,7 @@ impl Family {
             "llama" => Some(Self::Llama),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "gemma3" | "gemma3_text" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -34,6 +39,7 @@ impl Family {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
         }
     }
 
@@ -51,7 +57,13 @@ impl Family {
 
     /// True when each query and key head is RMS-normalized before RoPE.
     pub fn qk_norm(self) -> bool {
-        self == Self::Qwen3
+        matches!(self, Self::Qwen3 | Self::Gemma3)
+    }
+
+    /// True for Gemma's block: embeddings scaled by √hidden, a norm after attention and after
+    /// the feed-forward layer, a GELU-tanh gate, RMSNorm weights as (1 + w).
+    pub fn gemma(self) -> bool {
+        self == Self::Gemma3
     }
 }
 
@@ -82,6 +94,13 @@ pub struct LlamaConfig {
     pub max_context: usize,
     /// Token ids that end a generation (end-of-sequence, end-of-turn).
     pub eos_token_ids: Vec<u32>,
+    /// Positions a sliding-window layer sees (its own included), for the families that have
+    /// such layers (Gemma 3).
+    pub sliding_window: Option<usize>,
+    /// With a sliding window: every this many layers, one is global (layers `n − 1`, `2n − 1`, …).
+    pub sliding_pattern: usize,
+    /// The RoPE base of sliding-window layers.
+    pub rope_local_theta: f32,
 }
 
 impl LlamaConfig {
@@ -109,15 +128,25 @@ impl LlamaConfig {
                 return Err(Error::setting(name, value, expected));
             }
         }
-        Ok(())
+        match self.sliding_window {
+            Some(0) => Err(Error::setting("sliding_window", 0, "at least 1 position")),
+            Some(_) if self.sliding_pattern == 0 => Err(Error::setting("sliding_pattern", 0, "at least 1")),
+            _ => Ok(()),
+        }
+    }
+
+    /// True when layer `layer` attends through a sliding window.
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_window.is_some() && !(layer + 1).is_multiple_of(self.sliding_pattern.max(1))
     }
 
     /// Position × frequency for interleaved RoPE, (max_context, head_dim / 2) row-major: the
-    /// angles both engines take the sines and cosines of.
-    pub fn rope_angles(&self) -> Vec<f32> {
+    /// angles both engines take the sines and cosines of, for the global layers (`local`
+    /// false) or the sliding-window ones.
+    pub fn rope_angles(&self, local: bool) -> Vec<f32> {
+        let theta = if local { self.rope_local_theta } else { self.rope_theta };
         let half = self.head_dim / 2;
-        let inv_freq: Vec<f32> =
-            (0..half).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f32 / self.head_dim as f32)).collect();
+        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / self.head_dim as f32)).collect();
         (0..self.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
     }
 }
@@ -143,13 +172,25 @@ pub(crate) struct HfConfig {
     #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
-    pub(crate) tie_word_embeddings: bool,
+    tie_word_embeddings: Option<bool>,
     #[serde(default)]
     eos_token_id: Option<serde_json::Value>,
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
     use_sliding_window: bool,
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    sliding_window_pattern: Option<usize>,
+    #[serde(default)]
+    rope_local_base_freq: Option<f32>,
+    #[serde(default)]
+    query_pre_attn_scalar: Option<usize>,
+    #[serde(default)]
+    final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    attn_logit_softcapping: Option<f64>,
 }
 
 fn default_theta() -> f32 {
@@ -165,6 +206,11 @@ fn default_context() -> usize {
 }
 
 impl HfConfig {
+    /// True when the output head is the embedding matrix (Gemma's default).
+    pub(crate) fn tied(&self) -> bool {
+        self.tie_word_embeddings.unwrap_or(self.model_type.as_deref().is_some_and(|k| k.starts_with("gemma")))
+    }
+
     /// Converts to a [`LlamaConfig`].
     ///
     /// # Errors
@@ -176,8 +222,13 @@ impl HfConfig {
         if self.attention_bias && !family.qkv_bias() {
             return Err(Error::UnsupportedArchitecture(format!("{kind} with attention_bias")));
         }
-        if self.use_sliding_window {
-            return Err(Error::UnsupportedArchitecture(format!("{kind} with use_sliding_window")));
+        let unsupported = [
+            (self.use_sliding_window, "use_sliding_window"),
+            (self.final_logit_softcapping.is_some() || self.attn_logit_softcapping.is_some(), "logit soft-capping"),
+            (self.query_pre_attn_scalar.is_some_and(|s| Some(s) != self.head_dim), "query_pre_attn_scalar ≠ head_dim"),
+        ];
+        if let Some((_, what)) = unsupported.iter().find(|(bad, _)| *bad) {
+            return Err(Error::UnsupportedArchitecture(format!("{kind} with {what}")));
         }
         if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(Error::UnsupportedArchitecture("llama with rope_scaling".into()));
@@ -200,6 +251,9 @@ impl HfConfig {
             rms_norm_eps: self.rms_norm_eps,
             max_context: self.max_position_embeddings,
             eos_token_ids,
+            sliding_window: self.sliding_window.filter(|_| family.gemma()),
+            sliding_pattern: self.sliding_window_pattern.unwrap_or(6),
+            rope_local_theta: self.rope_local_base_freq.unwrap_or(10_000.0),
         };
         config.validate()?;
         Ok(config)

@@ -174,6 +174,12 @@ impl Llama {
         if tree.len() != tokens.len() {
             return Err(Error::setting("tree size", tree.len(), "one entry per token"));
         }
+        // A sliding window shorter than the tree would have to mask a node's own ancestors,
+        // which the engines do not do.
+        let deepest = (0..tree.len()).map(|i| tree.depth(i)).max().unwrap_or(0);
+        if c.sliding_window.is_some_and(|w| deepest + 1 >= w) {
+            return Err(Error::setting("tree depth", deepest, "less than the sliding window minus one"));
+        }
         let data = self.instance.forward_tree(c, &self.layers, self.len, tokens, tree)?;
         self.tree = Some(tree.clone());
         Logits::new(data, c.vocab_size)

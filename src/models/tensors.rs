@@ -48,8 +48,10 @@ pub struct BlockTensors {
     /// families that have them (Qwen2).
     pub qkv_bias: Option<[QTensor; 3]>,
     /// RMSNorm weights of each query and key head, (head_dim) each, for the families that
-    /// have them (Qwen3).
+    /// have them (Qwen3, Gemma 3).
     pub qk_norm: Option<[QTensor; 2]>,
+    /// RMSNorm weights after attention and after the feed-forward layer, (hidden) each (Gemma).
+    pub post_norms: Option<[QTensor; 2]>,
 }
 
 impl BlockTensors {
@@ -71,6 +73,10 @@ impl BlockTensors {
             true => Some([read("attn_q_norm.weight", &[c.head_dim])?, read("attn_k_norm.weight", &[c.head_dim])?]),
             false => None,
         };
+        let post_norms = match c.family.gemma() {
+            true => Some([read("post_attention_norm.weight", &[h])?, read("post_ffw_norm.weight", &[h])?]),
+            false => None,
+        };
         let mut read = |name: &str, shape: &[usize]| read(&format!("{name}.weight"), shape);
         Ok(Self {
             attn_norm: read("attn_norm", &[h])?,
@@ -84,6 +90,7 @@ impl BlockTensors {
             down: read("ffn_down", &[h, ff])?,
             qkv_bias,
             qk_norm,
+            post_norms,
         })
     }
 }

@@ -36,11 +36,12 @@ pub fn load_key(blocks: &[f32], hd: usize, pos: usize) -> Vec<f32> {
 }
 
 multiversion! {
-    /// Attention for query head `h` of a new row that sees the first `visible` positions:
+    /// Attention for query head `h` of a new row that sees positions `first..visible`:
     /// softmax of `q · k_t / sqrt(hd)`, times the values. `keys` are the blocks of this head's
     /// key/value head (see [`store_key`]); `scores` is scratch space. A non-empty `sees` masks
-    /// the last `sees.len()` of those positions (a tree's tokens: only ancestors are seen).
-    pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], visible: usize, sees: &[bool], h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    /// the last `sees.len()` of those positions (a tree's tokens: only ancestors are seen);
+    /// `first` > 0 is a sliding window's start.
+    pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], first: usize, visible: usize, sees: &[bool], h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
         let hd = s.head_dim;
         let kvh = h / (s.heads / s.kv_heads);
         let stride = s.kv_heads * hd;
@@ -63,6 +64,7 @@ multiversion! {
         for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
             *sc = f32::NEG_INFINITY;
         }
+        scores[..first].iter_mut().for_each(|sc| *sc = f32::NEG_INFINITY);
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut total = 0.0;
         for sc in scores.iter_mut() {
@@ -74,10 +76,15 @@ multiversion! {
             total -= *sc;
             *sc = 0.0;
         }
+        for sc in &mut scores[..first] {
+            total -= *sc;
+            *sc = 0.0;
+        }
         let (inv, offset) = (1.0 / total, kvh * hd);
         match hd {
             64 => weighted_sum::<64>(scores, inv, values, stride, offset, out),
             128 => weighted_sum::<128>(scores, inv, values, stride, offset, out),
+            256 => weighted_sum::<256>(scores, inv, values, stride, offset, out),
             _ => {
                 out.iter_mut().for_each(|o| *o = 0.0);
                 for (t, &p) in scores.iter().enumerate() {
@@ -133,6 +140,23 @@ multiversion! {
                     pair[0] = a * c[p] - b * s[p];
                     pair[1] = a * s[p] + b * c[p];
                 }
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// `out[r][j] = gelu_tanh(gu[r][j]) * gu[r][ff + j]` for rows of `2·ff` (gate then up):
+    /// GELU in its tanh form, `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`, as Gemma uses.
+    pub fn gelu_tanh_gate(gu: &[f32], ff: usize, out: &mut [f32]) {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        for (row, o) in gu.chunks_exact(2 * ff).zip(out.chunks_exact_mut(ff)) {
+            let (g, u) = row.split_at(ff);
+            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+                // tanh(y) = 1 − 2 / (e^(2y) + 1), which saturates cleanly at both ends.
+                let tanh = 1.0 - 2.0 / (crate::math::exp(2.0 * inner) + 1.0);
+                *o = 0.5 * g * (1.0 + tanh) * u;
             }
         }
     }

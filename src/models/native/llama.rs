@@ -134,8 +134,12 @@ struct Block {
     qkv: Matrix,
     /// q|k|v biases, one row's worth (Qwen2).
     qkv_bias: Option<Vec<f32>>,
-    /// RMSNorm weights of each query head and each key head (Qwen3).
+    /// RMSNorm weights of each query head and each key head (Qwen3, Gemma 3).
     qk_norm: Option<[Vec<f32>; 2]>,
+    /// RMSNorm weights after attention and after the feed-forward layer (Gemma).
+    post_norms: Option<[Vec<f32>; 2]>,
+    /// True for a sliding-window layer (Gemma 3).
+    sliding: bool,
     o: Matrix,
     ffn_norm: Vec<f32>,
     gate_up: Matrix,
@@ -150,8 +154,9 @@ pub struct NativeWeights {
     norm: Vec<f32>,
     /// `None` when the output head is tied to the embeddings.
     lm_head: Option<Matrix>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    /// RoPE cosines and sines of the global layers, then of the sliding-window ones.
+    cos: [Vec<f32>; 2],
+    sin: [Vec<f32>; 2],
 }
 
 impl NativeWeights {
@@ -180,11 +185,17 @@ impl NativeWeights {
                 Some([q, k]) => Some([vector(q)?, vector(k)?]),
                 None => None,
             };
+            let post_norms = match t.post_norms {
+                Some([a, f]) => Some([vector(a)?, vector(f)?]),
+                None => None,
+            };
             blocks.push(Block {
                 attn_norm: vector(t.attn_norm)?,
                 qkv: Matrix::load(vec![t.q, t.k, t.v], format)?,
                 qkv_bias,
                 qk_norm,
+                post_norms,
+                sliding: c.is_sliding(i),
                 o: Matrix::load(vec![t.o], format)?,
                 ffn_norm: vector(t.ffn_norm)?,
                 gate_up: Matrix::load(vec![t.gate, t.up], format)?,
@@ -192,14 +203,14 @@ impl NativeWeights {
             });
         }
         let outer = OuterTensors::read(source, c, &Device::Cpu)?;
-        let angles = c.rope_angles();
+        let angles = [c.rope_angles(false), c.rope_angles(true)];
         Ok(Self {
             embed: Matrix::load(vec![outer.embed], format)?,
             blocks,
             norm: vector(outer.norm)?,
             lm_head: outer.lm_head.map(|t| Matrix::load(vec![t], format)).transpose()?,
-            cos: angles.iter().map(|a| a.cos()).collect(),
-            sin: angles.iter().map(|a| a.sin()).collect(),
+            cos: angles.clone().map(|a| a.iter().map(|a| a.cos()).collect()),
+            sin: angles.map(|a| a.iter().map(|a| a.sin()).collect()),
         })
     }
 
@@ -300,15 +311,23 @@ impl NativeWeights {
         for &t in tokens {
             self.embed.row_into(t as usize, &mut s.x);
         }
+        if c.family.gemma() {
+            let scale = (h as f32).sqrt();
+            s.x.iter_mut().for_each(|x| *x *= scale);
+        }
         let half = hd / 2;
-        // Rotation angles per token: position pos + i along a chain, pos + depth in a tree.
+        // Each token's position: pos + i along a chain, pos + depth in a tree.
+        let position = |i: usize| pos + tree.map_or(i, |t| t.depth(i));
         let angles = |table: &[f32]| -> Vec<f32> {
-            (0..n).flat_map(|i| &table[(pos + tree.map_or(i, |t| t.depth(i))) * half..][..half]).copied().collect()
+            (0..n).flat_map(|i| &table[position(i) * half..][..half]).copied().collect()
         };
-        let (cos, sin) = (angles(&self.cos), angles(&self.sin));
-        let (cos, sin) = (&cos[..], &sin[..]);
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..2).map(|t| (angles(&self.cos[t]), angles(&self.sin[t]))).collect();
         for (slot, &l) in layers.iter().enumerate() {
             let b = &self.blocks[l];
+            let (cos, sin) = (&tables[usize::from(b.sliding)].0[..], &tables[usize::from(b.sliding)].1[..]);
+            // A sliding-window layer's row i sees its last `w` positions, itself included.
+            let window = c.sliding_window.filter(|_| b.sliding);
+            let first: Vec<usize> = (0..n).map(|i| window.map_or(0, |w| (position(i) + 1).saturating_sub(w))).collect();
             s.xb.resize(n * h, 0.0);
             attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
             b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
@@ -341,15 +360,18 @@ impl NativeWeights {
                     attention::store_key(blocks, hd, pos + i, &row[h * hd..(h + 1) * hd]);
                 }
             }
-            attend(shape, &s.q, &kv.keys, &kv.values, pos, n, tree, &mut s.att);
+            attend(shape, &s.q, &kv.keys, &kv.values, pos, &first, tree, &mut s.att);
             b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
-            s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
+            add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[0][..]), eps, &mut s.xb);
             attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
             b.gate_up.apply(&s.xb, n, &mut s.gu, &mut s.acts);
             s.ff.resize(n * ff, 0.0);
-            attention::silu_gate(&s.gu, ff, &mut s.ff);
+            match c.family.gemma() {
+                true => attention::gelu_tanh_gate(&s.gu, ff, &mut s.ff),
+                false => attention::silu_gate(&s.gu, ff, &mut s.ff),
+            }
             b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts);
-            s.x.iter_mut().zip(&s.tmp).for_each(|(x, t)| *x += t);
+            add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[1][..]), eps, &mut s.xb);
         }
         if rows == 0 {
             return Ok(Vec::new());
@@ -363,8 +385,22 @@ impl NativeWeights {
     }
 }
 
-/// Attention of `n` new rows at `pos` over the cache, the (row, head) pairs shared out over
-/// the thread team; `out` is resized to n × heads·hd.
+/// `x += y`, or `x += rms_norm(y)` with a post-norm weight (Gemma); `scratch` holds the norm.
+fn add_residual(x: &mut [f32], y: &[f32], post_norm: Option<&[f32]>, eps: f32, scratch: &mut Vec<f32>) {
+    let y = match post_norm {
+        Some(w) => {
+            scratch.resize(y.len(), 0.0);
+            attention::rms_norm(y, w, eps, scratch);
+            &scratch[..]
+        }
+        None => y,
+    };
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+}
+
+/// Attention of `first.len()` new rows at `pos` over the cache (row i sees cache positions
+/// from `first[i]` on), the (row, head) pairs shared out over the thread team; `out` is
+/// resized to n × heads·hd.
 #[allow(clippy::too_many_arguments)]
 fn attend(
     s: Shape,
@@ -372,11 +408,11 @@ fn attend(
     keys: &[Vec<f32>],
     values: &[f32],
     pos: usize,
-    n: usize,
+    first: &[usize],
     tree: Option<&TreeShape>,
     out: &mut Vec<f32>,
 ) {
-    let hd = s.head_dim;
+    let (hd, n) = (s.head_dim, first.len());
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);
     team().run(n * s.heads, 1, &|items| {
@@ -388,7 +424,7 @@ fn attend(
             let slot = unsafe { dst.slice(item * hd, hd) };
             let kv_head = h / (s.heads / s.kv_heads);
             let sees = tree.map_or(&[][..], |t| t.sees(i));
-            attention::head(s, qv, &keys[kv_head], values, pos + i + 1, sees, h, &mut scores, slot);
+            attention::head(s, qv, &keys[kv_head], values, first[i], pos + i + 1, sees, h, &mut scores, slot);
         }
     });
 }
