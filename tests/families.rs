@@ -2,7 +2,7 @@
 //! tiny random-weight checkpoints with the real tensor names and metadata keys (GGUF as
 //! llama.cpp writes Qwen2/Qwen3 files: query/key rows in halves order; an HF folder for Qwen2)
 //! and compare our logits, on both engines, with candle-transformers' own Qwen2 and Qwen3
-//! models (`quantized_qwen2`, `quantized_qwen3`, `qwen2`, `gemma3`) to 1e-4 relative: after a
+//! models (`quantized_qwen2`, `quantized_qwen3`, `qwen2`, `gemma3`, `mistral`) to 1e-4 relative: after a
 //! prompt, and after single steps; multi-token forwards equal sequential ones and roll-back
 //! equals a fresh run. Gemma 3's sliding window is checked on its own.
 
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::{gemma3, quantized_qwen2, quantized_qwen3, qwen2};
+use candle_transformers::models::{gemma3, mistral, quantized_qwen2, quantized_qwen3, qwen2};
 use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
 use specdec::models::Family;
 use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
@@ -24,9 +24,9 @@ const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 8;
 const LAYERS: usize = 2;
 const PROMPT: [u32; 6] = [3, 17, 42, 5, 60, 9];
-/// Gemma 3's sliding window here: longer than the prompt, so that candle-transformers (whose
-/// mask keeps one position more than HF's and llama.cpp's) agrees; the window itself is
-/// tested on its own.
+/// Gemma 3's and Mistral's sliding window here: longer than the prompt, so that
+/// candle-transformers (whose masks keep one position more than HF's and llama.cpp's) agrees;
+/// the window itself is tested on its own.
 const WINDOW: usize = 16;
 
 fn temp_path(name: &str) -> PathBuf {
@@ -55,7 +55,7 @@ fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
         ("token_embd.weight".to_string(), random(&[VOCAB, HIDDEN], 1.0, 1)?),
         ("output_norm.weight".to_string(), (random(&[HIDDEN], 0.2, 2)? + 1.0)?),
     ];
-    if family == Family::Qwen2 {
+    if matches!(family, Family::Qwen2 | Family::Mistral) {
         t.push(("output.weight".to_string(), random(&[VOCAB, HIDDEN], 0.3, 3)?));
     }
     for i in 0..LAYERS {
@@ -254,6 +254,10 @@ fn write_hf(family: Family, dir: &Path) -> Result<()> {
             "final_logit_softcapping": null, "attn_logit_softcapping": null, "query_pre_attn_scalar": HEAD_DIM,
             "sliding_window": WINDOW, "sliding_window_pattern": 2,
         }),
+        Family::Mistral => serde_json::json!({
+            "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": WINDOW,
+            "tie_word_embeddings": false, "hidden_act": "silu",
+        }),
         _ => serde_json::json!({
             "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 256,
             "max_window_layers": LAYERS, "tie_word_embeddings": false, "use_sliding_window": false,
@@ -290,6 +294,10 @@ fn reference_hf(family: Family, dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> 
             }
             last.ok_or(specdec::Error::EmptyPrompt)?
         }
+        Family::Mistral => {
+            let config: mistral::Config = serde_json::from_str(&text).map_err(|e| json_error(dir, e))?;
+            mistral::Model::new(&config, vb)?.forward(&input, 0)?
+        }
         _ => {
             let config: qwen2::Config = serde_json::from_str(&text).map_err(|e| json_error(dir, e))?;
             qwen2::ModelForCausalLM::new(&config, vb)?.forward(&input, 0)?
@@ -299,8 +307,8 @@ fn reference_hf(family: Family, dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> 
 }
 
 #[test]
-fn qwen2_and_gemma3_hf_folders_match_candle_transformers_on_both_engines() -> Result<()> {
-    for family in [Family::Qwen2, Family::Gemma3] {
+fn qwen2_gemma3_and_mistral_hf_folders_match_candle_transformers_on_both_engines() -> Result<()> {
+    for family in [Family::Qwen2, Family::Gemma3, Family::Mistral] {
         let dir = temp_path(&format!("{}-hf", family.gguf_name()));
         write_hf(family, &dir)?;
         for engine in [Engine::Native, Engine::Candle] {

@@ -177,6 +177,7 @@ impl GgufFile {
             .get_u32(&key("attention.key_length"))
             .or_else(|_| self.get_u32(&key("rope.dimension_count")))
             .map_or(hidden_size / num_heads.max(1), |v| v as usize);
+        let rope_theta = self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0);
         let config = LlamaConfig {
             family,
             vocab_size,
@@ -186,7 +187,7 @@ impl GgufFile {
             num_heads,
             num_kv_heads: self.get_u32(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads),
             head_dim,
-            rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
+            rope_theta,
             rms_norm_eps: self.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f64,
             max_context: self.get_u32(&key("context_length"))? as usize,
             eos_token_ids,
@@ -197,7 +198,10 @@ impl GgufFile {
                 false => None,
             },
             sliding_pattern: self.get_u32(&key("attention.sliding_window_pattern")).map_or(6, |v| v as usize),
-            rope_local_theta: self.get_f32(&key("rope.local_freq_base")).unwrap_or(10_000.0),
+            rope_local_theta: match family.gemma() {
+                true => self.get_f32(&key("rope.local_freq_base")).unwrap_or(10_000.0),
+                false => rope_theta,
+            },
         };
         config.validate()?;
         Ok(config)

@@ -19,6 +19,9 @@ pub enum Family {
     /// store the sum), norms after attention and after the feed-forward layer too, a GELU-tanh
     /// gate, q/k norms, and sliding-window layers (with their own RoPE base) between global ones.
     Gemma3,
+    /// Mistral (HF folders; llama.cpp writes Mistral GGUF files as `llama`): the llama block,
+    /// with a sliding window on every layer where the config sets one.
+    Mistral,
 }
 
 impl Family {
@@ -29,6 +32,7 @@ impl Family {
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "gemma3" | "gemma3_text" => Some(Self::Gemma3),
+            "mistral" => Some(Self::Mistral),
             _ => None,
         }
     }
@@ -40,6 +44,7 @@ impl Family {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
+            Self::Mistral => "mistral",
         }
     }
 
@@ -47,7 +52,7 @@ impl Family {
     /// rotary elements, then its second ones: RoPE "NeoX" style). GGUF llama files are
     /// stored interleaved already; Qwen's are not, in GGUF as in HF files.
     pub fn gguf_rows_in_halves(self) -> bool {
-        self != Self::Llama
+        matches!(self, Self::Qwen2 | Self::Qwen3 | Self::Gemma3)
     }
 
     /// True when the query, key and value products have biases.
@@ -97,9 +102,10 @@ pub struct LlamaConfig {
     /// Positions a sliding-window layer sees (its own included), for the families that have
     /// such layers (Gemma 3).
     pub sliding_window: Option<usize>,
-    /// With a sliding window: every this many layers, one is global (layers `n − 1`, `2n − 1`, …).
+    /// With a sliding window: every this many layers, one is global (layers `n − 1`, `2n − 1`,
+    /// …); 0: every layer slides.
     pub sliding_pattern: usize,
-    /// The RoPE base of sliding-window layers.
+    /// The RoPE base of sliding-window layers (Gemma's differs from `rope_theta`).
     pub rope_local_theta: f32,
 }
 
@@ -130,14 +136,14 @@ impl LlamaConfig {
         }
         match self.sliding_window {
             Some(0) => Err(Error::setting("sliding_window", 0, "at least 1 position")),
-            Some(_) if self.sliding_pattern == 0 => Err(Error::setting("sliding_pattern", 0, "at least 1")),
             _ => Ok(()),
         }
     }
 
     /// True when layer `layer` attends through a sliding window.
     pub fn is_sliding(&self, layer: usize) -> bool {
-        self.sliding_window.is_some() && !(layer + 1).is_multiple_of(self.sliding_pattern.max(1))
+        self.sliding_window.is_some()
+            && (self.sliding_pattern == 0 || !(layer + 1).is_multiple_of(self.sliding_pattern))
     }
 
     /// Position × frequency for interleaved RoPE, (max_context, head_dim / 2) row-major: the
@@ -251,9 +257,13 @@ impl HfConfig {
             rms_norm_eps: self.rms_norm_eps,
             max_context: self.max_position_embeddings,
             eos_token_ids,
-            sliding_window: self.sliding_window.filter(|_| family.gemma()),
-            sliding_pattern: self.sliding_window_pattern.unwrap_or(6),
-            rope_local_theta: self.rope_local_base_freq.unwrap_or(10_000.0),
+            // Qwen2's `sliding_window` applies only with `use_sliding_window`, refused above.
+            sliding_window: self.sliding_window.filter(|_| matches!(family, Family::Gemma3 | Family::Mistral)),
+            sliding_pattern: if family.gemma() { self.sliding_window_pattern.unwrap_or(6) } else { 0 },
+            rope_local_theta: match family.gemma() {
+                true => self.rope_local_base_freq.unwrap_or(10_000.0),
+                false => self.rope_theta,
+            },
         };
         config.validate()?;
         Ok(config)
