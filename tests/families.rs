@@ -2,7 +2,8 @@
 //! tiny random-weight checkpoints with the real tensor names and metadata keys (GGUF as
 //! llama.cpp writes Qwen2/Qwen3 files: query/key rows in halves order; an HF folder for Qwen2)
 //! and compare our logits, on both engines, with candle-transformers' own Qwen2 and Qwen3
-//! models (`quantized_qwen2`, `quantized_qwen3`, `qwen2`, `gemma3`, `mistral`) to 1e-4 relative: after a
+//! models (`quantized_qwen2`, `quantized_qwen3`, `quantized_phi3`, `qwen2`, `gemma3`, `mistral`) to 1e-4
+//! relative: after a
 //! prompt, and after single steps; multi-token forwards equal sequential ones and roll-back
 //! equals a fresh run. Gemma 3's sliding window is checked on its own.
 
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::{gemma3, mistral, quantized_qwen2, quantized_qwen3, qwen2};
+use candle_transformers::models::{gemma3, mistral, quantized_phi3, quantized_qwen2, quantized_qwen3, qwen2};
 use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
 use specdec::models::Family;
 use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
@@ -55,7 +56,7 @@ fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
         ("token_embd.weight".to_string(), random(&[VOCAB, HIDDEN], 1.0, 1)?),
         ("output_norm.weight".to_string(), (random(&[HIDDEN], 0.2, 2)? + 1.0)?),
     ];
-    if matches!(family, Family::Qwen2 | Family::Mistral) {
+    if matches!(family, Family::Qwen2 | Family::Mistral | Family::Phi3) {
         t.push(("output.weight".to_string(), random(&[VOCAB, HIDDEN], 0.3, 3)?));
     }
     for i in 0..LAYERS {
@@ -87,6 +88,10 @@ fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
             add("post_ffw_norm.weight", &[HIDDEN], 0.2, 16)?;
         }
     }
+    if family == Family::Phi3 {
+        t = fuse(t, ["attn_q.weight", "attn_k.weight", "attn_v.weight"], "attn_qkv.weight")?;
+        t = fuse(t, ["ffn_gate.weight", "ffn_up.weight"], "ffn_up.weight")?;
+    }
     // Norm weights near 1.
     for (name, w) in &mut t {
         if name.ends_with("norm.weight") && !name.starts_with("output") {
@@ -94,6 +99,18 @@ fn tensors(family: Family) -> Result<Vec<(String, Tensor)>> {
         }
     }
     Ok(t)
+}
+
+/// Phi-3's layout: the tensors named `parts` of each block stacked by rows into one, `into`.
+fn fuse<const N: usize>(t: Vec<(String, Tensor)>, parts: [&str; N], into: &str) -> Result<Vec<(String, Tensor)>> {
+    let mut out: Vec<(String, Tensor)> =
+        t.iter().filter(|(n, _)| !parts.iter().any(|p| n.ends_with(p))).cloned().collect();
+    for i in 0..LAYERS {
+        let stack: Vec<&Tensor> =
+            parts.iter().filter_map(|p| t.iter().find(|(n, _)| *n == format!("blk.{i}.{p}")).map(|(_, w)| w)).collect();
+        out.push((format!("blk.{i}.{into}"), Tensor::cat(&stack, 0)?));
+    }
+    Ok(out)
 }
 
 /// Writes a GGUF file as llama.cpp writes a Qwen2/Qwen3 model.
@@ -108,13 +125,17 @@ fn write_gguf(family: Family, path: &Path) -> Result<()> {
         (format!("{arch}.attention.head_count"), Value::U32(HEADS as u32)),
         (format!("{arch}.attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
         (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
-        (format!("{arch}.rope.freq_base"), Value::F32(1_000_000.0)),
+        // candle-transformers' Phi-3 rotates with base 10,000 whatever the file says.
+        (format!("{arch}.rope.freq_base"), Value::F32(if family == Family::Phi3 { 10_000.0 } else { 1_000_000.0 })),
     ];
     if family == Family::Gemma3 {
         meta.push((format!("{arch}.attention.key_length"), Value::U32(HEAD_DIM as u32)));
         meta.push((format!("{arch}.attention.sliding_window"), Value::U32(WINDOW as u32)));
         meta.push((format!("{arch}.attention.sliding_window_pattern"), Value::U32(2)));
         meta.push((format!("{arch}.rope.local_freq_base"), Value::F32(10_000.0)));
+    }
+    if family == Family::Phi3 {
+        meta.push((format!("{arch}.rope.dimension_count"), Value::U32(HEAD_DIM as u32)));
     }
     if family == Family::Qwen3 {
         meta.push((format!("{arch}.attention.key_length"), Value::U32(HEAD_DIM as u32)));
@@ -143,6 +164,9 @@ fn reference(family: Family, path: &Path, tokens: &[u32]) -> Result<Vec<f32>> {
         }
         Family::Qwen3 => {
             quantized_qwen3::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)?.forward(&input, 0)?
+        }
+        Family::Phi3 => {
+            quantized_phi3::ModelWeights::from_gguf(false, content, &mut file, &Device::Cpu)?.forward(&input, 0)?
         }
         other => unreachable!("{other:?} has no quantized reference here"),
     };
@@ -186,8 +210,8 @@ fn check_against_reference(what: &str, mut model: Llama, reference: impl Fn(&[u3
 }
 
 #[test]
-fn qwen2_and_qwen3_gguf_match_candle_transformers_on_both_engines() -> Result<()> {
-    for family in [Family::Qwen2, Family::Qwen3] {
+fn qwen2_qwen3_and_phi3_gguf_match_candle_transformers_on_both_engines() -> Result<()> {
+    for family in [Family::Qwen2, Family::Qwen3, Family::Phi3] {
         let path = temp_path(&format!("{}.gguf", family.gguf_name()));
         write_gguf(family, &path)?;
         for engine in [Engine::Native, Engine::Candle] {

@@ -134,9 +134,9 @@ impl GgufFile {
         Family::from_name(&arch).ok_or(Error::UnsupportedArchitecture(arch))
     }
 
-    /// For a family whose files keep query/key rows in halves order (Qwen), the heads of the
-    /// query or key tensor `name` (1 for a per-head norm weight); `None` for other tensors and
-    /// families.
+    /// For a family whose files keep query/key rows in halves order (Qwen, Gemma, Phi-3), the
+    /// heads of the query or key tensor `name` (1 for a per-head norm weight; the query heads
+    /// of a fused q|k|v matrix); `None` for other tensors and families.
     ///
     /// # Errors
     /// An unsupported architecture; missing head counts.
@@ -147,7 +147,7 @@ impl GgufFile {
         }
         let key = |k: &str| format!("{}.attention.{k}", family.gguf_name());
         Ok(match name.split('.').nth(2) {
-            Some("attn_q") => Some(self.get_u32(&key("head_count"))? as usize),
+            Some("attn_q" | "attn_qkv") => Some(self.get_u32(&key("head_count"))? as usize),
             Some("attn_k") => {
                 Some(self.get_u32(&key("head_count_kv")).or_else(|_| self.get_u32(&key("head_count")))? as usize)
             }
@@ -178,6 +178,14 @@ impl GgufFile {
             .or_else(|_| self.get_u32(&key("rope.dimension_count")))
             .map_or(hidden_size / num_heads.max(1), |v| v as usize);
         let rope_theta = self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0);
+        // The engines rotate whole heads with one RoPE base per layer kind.
+        let partial = self.get_u32(&key("rope.dimension_count")).is_ok_and(|d| d as usize != head_dim);
+        if partial || self.has_tensor("rope_factors_long.weight") {
+            return Err(Error::UnsupportedArchitecture(format!(
+                "{} with partial or long-context RoPE",
+                family.gguf_name()
+            )));
+        }
         let config = LlamaConfig {
             family,
             vocab_size,
@@ -193,11 +201,16 @@ impl GgufFile {
             eos_token_ids,
             // llama.cpp reads no pattern or local base from Gemma 3 files: every 6th layer is
             // global and local layers rotate with base 10,000.
-            sliding_window: match family.gemma() {
-                true => Some(self.get_u32(&key("attention.sliding_window"))? as usize),
-                false => None,
+            // Phi-3's window, where a file sets one, covers every layer.
+            sliding_window: match family {
+                Family::Gemma3 => Some(self.get_u32(&key("attention.sliding_window"))? as usize),
+                Family::Phi3 => self.get_u32(&key("attention.sliding_window")).ok().map(|w| w as usize),
+                _ => None,
             },
-            sliding_pattern: self.get_u32(&key("attention.sliding_window_pattern")).map_or(6, |v| v as usize),
+            sliding_pattern: match family.gemma() {
+                true => self.get_u32(&key("attention.sliding_window_pattern")).map_or(6, |v| v as usize),
+                false => 0,
+            },
             rope_local_theta: match family.gemma() {
                 true => self.get_f32(&key("rope.local_freq_base")).unwrap_or(10_000.0),
                 false => rope_theta,

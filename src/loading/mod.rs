@@ -15,8 +15,8 @@ use crate::models::config::LlamaConfig;
 use crate::models::engine::Engine;
 use crate::models::format::WeightFormat;
 use crate::models::llama::LlamaWeights;
-use crate::models::tensors::halves_to_interleaved;
 pub use crate::models::tensors::TensorSource;
+use crate::models::tensors::{halves_to_interleaved, reorder_heads};
 use crate::tokenizer::Tokenizer;
 
 pub use gguf::GgufFile;
@@ -30,6 +30,11 @@ impl TensorSource for GgufFile {
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         let t = self.tensor(name, device)?;
         match self.halves_heads(name)? {
+            // A fused q|k|v matrix: its query and key heads are reordered, its values kept.
+            Some(_) if name.contains(".attn_qkv.") => {
+                let c = self.config()?;
+                reorder_heads(&t, c.head_dim, (c.num_heads + c.num_kv_heads) * c.head_dim, device)
+            }
             Some(heads) => halves_to_interleaved(&t, heads, device),
             None => Ok(t),
         }

@@ -22,6 +22,8 @@ pub enum Family {
     /// Mistral (HF folders; llama.cpp writes Mistral GGUF files as `llama`): the llama block,
     /// with a sliding window on every layer where the config sets one.
     Mistral,
+    /// Phi-3 (GGUF): the llama block with q|k|v and gate|up stored as one matrix each.
+    Phi3,
 }
 
 impl Family {
@@ -33,6 +35,7 @@ impl Family {
             "qwen3" => Some(Self::Qwen3),
             "gemma3" | "gemma3_text" => Some(Self::Gemma3),
             "mistral" => Some(Self::Mistral),
+            "phi3" => Some(Self::Phi3),
             _ => None,
         }
     }
@@ -45,6 +48,7 @@ impl Family {
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
             Self::Mistral => "mistral",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -52,7 +56,12 @@ impl Family {
     /// rotary elements, then its second ones: RoPE "NeoX" style). GGUF llama files are
     /// stored interleaved already; Qwen's are not, in GGUF as in HF files.
     pub fn gguf_rows_in_halves(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen3 | Self::Gemma3)
+        matches!(self, Self::Qwen2 | Self::Qwen3 | Self::Gemma3 | Self::Phi3)
+    }
+
+    /// True when q|k|v and gate|up are stored as one matrix each (Phi-3).
+    pub fn fused(self) -> bool {
+        self == Self::Phi3
     }
 
     /// True when the query, key and value products have biases.
@@ -229,6 +238,7 @@ impl HfConfig {
             return Err(Error::UnsupportedArchitecture(format!("{kind} with attention_bias")));
         }
         let unsupported = [
+            (family.fused(), "weights from an HF folder (its GGUF files load)"),
             (self.use_sliding_window, "use_sliding_window"),
             (self.final_logit_softcapping.is_some() || self.attn_logit_softcapping.is_some(), "logit soft-capping"),
             (self.query_pre_attn_scalar.is_some_and(|s| Some(s) != self.head_dim), "query_pre_attn_scalar ≠ head_dim"),

@@ -78,15 +78,27 @@ impl BlockTensors {
             false => None,
         };
         let mut read = |name: &str, shape: &[usize]| read(&format!("{name}.weight"), shape);
+        let ([q, k, v], [gate, up]) = match c.family.fused() {
+            // Phi-3 stores q|k|v and gate|up as one matrix each.
+            true => {
+                let [q, k, v] =
+                    split_rows(&read("attn_qkv", &[q_out + 2 * kv_out, h])?, [q_out, kv_out, kv_out], device)?;
+                ([q, k, v], split_rows(&read("ffn_up", &[2 * ff, h])?, [ff, ff], device)?)
+            }
+            false => (
+                [read("attn_q", &[q_out, h])?, read("attn_k", &[kv_out, h])?, read("attn_v", &[kv_out, h])?],
+                [read("ffn_gate", &[ff, h])?, read("ffn_up", &[ff, h])?],
+            ),
+        };
         Ok(Self {
             attn_norm: read("attn_norm", &[h])?,
-            q: read("attn_q", &[q_out, h])?,
-            k: read("attn_k", &[kv_out, h])?,
-            v: read("attn_v", &[kv_out, h])?,
+            q,
+            k,
+            v,
             o: read("attn_output", &[h, q_out])?,
             ffn_norm: read("ffn_norm", &[h])?,
-            gate: read("ffn_gate", &[ff, h])?,
-            up: read("ffn_up", &[ff, h])?,
+            gate,
+            up,
             down: read("ffn_down", &[h, ff])?,
             qkv_bias,
             qk_norm,
@@ -142,29 +154,67 @@ pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<(
     Ok(())
 }
 
+/// Splits a matrix into consecutive blocks of rows, moving whole rows of bytes (quantized rows
+/// stay exactly as stored).
+///
+/// # Errors
+/// [`Error::Load`] when the row counts do not add up to the matrix's.
+pub(crate) fn split_rows<const N: usize>(t: &QTensor, rows: [usize; N], device: &Device) -> Result<[QTensor; N]> {
+    let dims = t.shape().dims();
+    let total = dims.first().copied().unwrap_or(0);
+    if rows.iter().sum::<usize>() != total || dims.len() != 2 {
+        let reason = format!("cannot split a tensor of shape {dims:?} into rows {rows:?}");
+        return Err(Error::Load { path: "".into(), reason });
+    }
+    let data = t.data()?;
+    let row_bytes = data.len() / total;
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(N);
+    for r in rows {
+        let bytes = data[start * row_bytes..(start + r) * row_bytes].to_vec();
+        parts.push(QTensor::new(QStorage::from_data(Cow::Owned(bytes), device, t.dtype())?, (r, dims[1]))?);
+        start += r;
+    }
+    parts.try_into().map_err(|_| Error::Load { path: "".into(), reason: "split".into() })
+}
+
 /// Reorders the rows of a query or key tensor (a weight, a bias, or a per-head norm weight
 /// with `heads` = 1) from halves order (each head's first rotary elements, then its second
-/// ones: HF files, Qwen GGUF files) into the interleaved order this crate's RoPE uses, moving
-/// whole rows of bytes so quantized rows stay exactly as stored.
+/// ones: HF files, Qwen and Gemma GGUF files) into the interleaved order this crate's RoPE
+/// uses, moving whole rows of bytes so quantized rows stay exactly as stored.
 ///
 /// # Errors
 /// [`Error::Load`] when the rows do not split into `heads` heads of an even width, or a 1-D
 /// tensor is quantized.
 pub(crate) fn halves_to_interleaved(t: &QTensor, heads: usize, device: &Device) -> Result<QTensor> {
+    let rows = t.shape().dims().first().copied().unwrap_or(0);
+    match heads {
+        0 => Err(Error::Load { path: "".into(), reason: "a query/key tensor of 0 heads".into() }),
+        h => reorder_heads(t, rows / h, rows, device),
+    }
+}
+
+/// Reorders the first `count` rows of `t`, head by head of `hd` rows, from halves into
+/// interleaved order; the rows after them stay (the values of a fused q|k|v matrix).
+///
+/// # Errors
+/// [`Error::Load`] when `hd` is odd or zero, `count` is not a whole number of heads or more
+/// than the rows, or a 1-D tensor is quantized.
+pub(crate) fn reorder_heads(t: &QTensor, hd: usize, count: usize, device: &Device) -> Result<QTensor> {
     let dims = t.shape().dims();
     let rows = dims.first().copied().unwrap_or(0);
-    let data = t.data()?;
-    let bad = || Error::Load { path: "".into(), reason: format!("cannot reorder query/key rows of shape {dims:?}") };
-    if heads == 0 || !rows.is_multiple_of(2 * heads) || (dims.len() == 1 && t.dtype().block_size() != 1) {
-        return Err(bad());
+    let fits = hd > 0 && hd.is_multiple_of(2) && count.is_multiple_of(hd) && count <= rows;
+    if !fits || (dims.len() == 1 && t.dtype().block_size() != 1) {
+        let reason = format!("cannot reorder {count} query/key rows of {hd} per head in a tensor of shape {dims:?}");
+        return Err(Error::Load { path: "".into(), reason });
     }
-    let row_bytes = data.len() / rows;
-    let (hd, half) = (rows / heads, rows / heads / 2);
+    let data = t.data()?;
+    let (row_bytes, half) = (data.len() / rows, hd / 2);
     let mut out = Vec::with_capacity(data.len());
     for r in 0..rows {
         // Interleaved row 2i + j of a head is its halves row j·half + i.
         let (head, within) = (r / hd, r % hd);
-        let from = head * hd + (within % 2) * half + within / 2;
+        let from = if r < count { head * hd + (within % 2) * half + within / 2 } else { r };
         out.extend_from_slice(&data[from * row_bytes..(from + 1) * row_bytes]);
     }
     Ok(QTensor::new(QStorage::from_data(Cow::Owned(out), device, t.dtype())?, dims)?)
