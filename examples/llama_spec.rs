@@ -1,5 +1,6 @@
-//! Speculative decoding of a llama-family model with a cheaper draft, streamed, then plain
-//! decoding of the same target on the same prompt, and a comparison.
+//! Speculative decoding of a llama-family model (Llama, Qwen2/3, Gemma 3, Mistral, Phi-3) with a
+//! cheaper draft, streamed, then plain decoding of the same target on the same prompt, and a
+//! comparison.
 //!
 //! With no arguments it uses the local SmolLM2-135M-Instruct GGUF from
 //! `scripts/fetch-models.sh` (target: f32, draft: its own Q4_1 weights) when present, else the
@@ -20,7 +21,9 @@ use specdec::{
 
 #[derive(Parser)]
 struct Args {
-    /// Target model: a .gguf file, an HF folder, or a hub id (org/name).
+    /// Target model: a .gguf file, an HF folder, or a hub id (org/name). Families: llama
+    /// (Llama 2/3, SmolLM2, TinyLlama), Qwen2/2.5, Qwen3, Gemma 3, Mistral (HF folders; its
+    /// GGUF files are llama), Phi-3 (GGUF).
     #[arg(long)]
     target: Option<String>,
     /// Draft model (same kinds as --target); short for `--drafter model:DRAFT`.
@@ -91,8 +94,12 @@ fn default_models() -> (String, Option<String>) {
 fn main() -> Result<()> {
     let args = Args::parse();
     let device = specdec::device(&args.device)?;
-    let (default_target, default_draft) = default_models();
-    let target_spec = args.target.clone().unwrap_or(default_target);
+    // The default draft goes with the default target only: another target drafts with its own
+    // weights as stored.
+    let (target_spec, default_draft) = match &args.target {
+        Some(t) => (t.clone(), None),
+        None => default_models(),
+    };
     let target_files = ModelFiles::resolve(&target_spec)?;
     let target_format: WeightFormat = args.target_format.parse()?;
     let (target_w, tokenizer) =
