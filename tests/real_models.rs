@@ -10,8 +10,8 @@ use std::sync::Arc;
 use candle_core::Device;
 use common::models::{model_path, GEMMA3, SMOLLM2, STORIES};
 use specdec::{
-    Drafter, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder,
-    TargetModel, Tokenizer, TreeBudget, TreePolicy, WeightFormat,
+    Drafter, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig,
+    SpeculativeDecoder, TargetModel, Tokenizer, TreeBudget, TreePolicy, WeightFormat,
 };
 
 fn device() -> Device {
@@ -133,6 +133,10 @@ fn native_quantized_error_is_no_worse_than_candles() -> Result<()> {
     Ok(())
 }
 
+fn assert_same(what: &str, out: &Generation, plain: &Generation, tok: &Tokenizer) {
+    assert_eq!(out.tokens, plain.tokens, "{what}: {:?} vs {:?}", tok.decode(&out.tokens), tok.decode(&plain.tokens));
+}
+
 /// Greedy speculative decoding with a quantized draft of the same weights equals plain greedy
 /// decoding of the f32 target, for several prompts and k.
 fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_tokens: usize) -> Result<()> {
@@ -152,13 +156,7 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
                 .stop_tokens(stop.clone())
                 .build()?;
             let out = spec.generate(&ids)?;
-            assert_eq!(
-                out.tokens,
-                plain.tokens,
-                "{name}, k = {k}, prompt {prompt:?}: {:?} vs {:?}",
-                tok.decode(&out.tokens),
-                tok.decode(&plain.tokens)
-            );
+            assert_same(&format!("{name}, k = {k}, prompt {prompt:?}"), &out, &plain, &tok);
             assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
         }
         // Trees: the model draft's EAGLE-2 expansion, and n-gram matches, scored in one call.
@@ -176,13 +174,7 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
                 .stop_tokens(stop.clone())
                 .build()?;
             let out = spec.generate(&ids)?;
-            assert_eq!(
-                out.tokens,
-                plain.tokens,
-                "{what}: {:?} vs {:?}",
-                tok.decode(&out.tokens),
-                tok.decode(&plain.tokens)
-            );
+            assert_same(&what, &out, &plain, &tok);
             assert!(out.stats.drafted > 0, "{what}: nothing drafted");
         }
     }

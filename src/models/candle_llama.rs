@@ -11,7 +11,7 @@ use crate::models::engine::{Backend, Engine, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
-use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
+use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
 
 /// One transformer block's weights.
 #[derive(Debug)]
@@ -58,18 +58,8 @@ impl CandleWeights {
         let mut blocks = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let t = BlockTensors::read(source, c, i, device)?;
-            let qkv_bias = match t.qkv_bias {
-                Some([q, k, v]) => Some([vector(q)?, vector(k)?, vector(v)?]),
-                None => None,
-            };
-            let qk_norm = match t.qk_norm {
-                Some([q, k]) => Some([vector(q)?, vector(k)?]),
-                None => None,
-            };
-            let post_norms = match t.post_norms {
-                Some([a, f]) => Some([vector(a)?, vector(f)?]),
-                None => None,
-            };
+            let (qkv_bias, qk_norm, post_norms) =
+                (map_parts(t.qkv_bias, vector)?, map_parts(t.qk_norm, vector)?, map_parts(t.post_norms, vector)?);
             blocks.push(Block {
                 qkv_bias,
                 qk_norm,

@@ -154,6 +154,20 @@ pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<(
     Ok(())
 }
 
+/// Applies `f` to each of a block's optional tensors (biases, extra norms), keeping `None`.
+///
+/// # Errors
+/// The first error `f` returns.
+pub(crate) fn map_parts<const N: usize, T>(
+    parts: Option<[QTensor; N]>,
+    f: impl FnMut(QTensor) -> Result<T>,
+) -> Result<Option<[T; N]>> {
+    let Some(parts) = parts else { return Ok(None) };
+    let mapped: Vec<T> = parts.into_iter().map(f).collect::<Result<_>>()?;
+    // N in, N out.
+    Ok(mapped.try_into().ok())
+}
+
 /// Splits a matrix into consecutive blocks of rows, moving whole rows of bytes (quantized rows
 /// stay exactly as stored).
 ///

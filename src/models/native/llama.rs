@@ -17,7 +17,7 @@ use crate::models::native::matmul::{matmul_parallel, Packed};
 use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
 use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
-use crate::models::tensors::{BlockTensors, OuterTensors, TensorSource};
+use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
 use candle_core::quantized::{GgmlDType, QTensor};
 
 /// Weight rows per chunk of a parallel product: a multiple of the kernels' 4-row tiles, small
@@ -177,18 +177,8 @@ impl NativeWeights {
         let mut blocks = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let t = BlockTensors::read(source, c, i, &Device::Cpu)?;
-            let qkv_bias = match t.qkv_bias {
-                Some(parts) => Some(parts.into_iter().map(vector).collect::<Result<Vec<_>>>()?.concat()),
-                None => None,
-            };
-            let qk_norm = match t.qk_norm {
-                Some([q, k]) => Some([vector(q)?, vector(k)?]),
-                None => None,
-            };
-            let post_norms = match t.post_norms {
-                Some([a, f]) => Some([vector(a)?, vector(f)?]),
-                None => None,
-            };
+            let qkv_bias = map_parts(t.qkv_bias, vector)?.map(|parts| parts.concat());
+            let (qk_norm, post_norms) = (map_parts(t.qk_norm, vector)?, map_parts(t.post_norms, vector)?);
             blocks.push(Block {
                 attn_norm: vector(t.attn_norm)?,
                 qkv: Matrix::load(vec![t.q, t.k, t.v], format)?,
