@@ -2,7 +2,7 @@
 //! tiny random-weight checkpoints with the real tensor names and metadata keys (GGUF as
 //! llama.cpp writes Qwen2/Qwen3 files: query/key rows in halves order; an HF folder for Qwen2)
 //! and compare our logits, on both engines, with candle-transformers' own Qwen2 and Qwen3
-//! models (`quantized_qwen2`, `quantized_qwen3`, `quantized_phi3`, `qwen2`, `gemma3`, `mistral`) to 1e-4
+//! models (`quantized_qwen2`, `quantized_qwen3`, `quantized_phi3`, `qwen2`, `qwen3`, `gemma3`, `mistral`) to 1e-4
 //! relative: after a
 //! prompt, and after single steps; multi-token forwards equal sequential ones and roll-back
 //! equals a fresh run. Gemma 3's sliding window is checked on its own.
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::{gemma3, mistral, quantized_phi3, quantized_qwen2, quantized_qwen3, qwen2};
+use candle_transformers::models::{gemma3, mistral, quantized_phi3, quantized_qwen2, quantized_qwen3, qwen2, qwen3};
 use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
 use specdec::models::Family;
 use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
@@ -278,6 +278,11 @@ fn write_hf(family: Family, dir: &Path) -> Result<()> {
             "final_logit_softcapping": null, "attn_logit_softcapping": null, "query_pre_attn_scalar": HEAD_DIM,
             "sliding_window": WINDOW, "sliding_window_pattern": 2,
         }),
+        Family::Qwen3 => serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": HEAD_DIM,
+            "attention_bias": false, "sliding_window": null, "max_window_layers": LAYERS,
+            "tie_word_embeddings": true, "use_sliding_window": false, "hidden_act": "silu",
+        }),
         Family::Mistral => serde_json::json!({
             "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": WINDOW,
             "tie_word_embeddings": false, "hidden_act": "silu",
@@ -318,6 +323,10 @@ fn reference_hf(family: Family, dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> 
             }
             last.ok_or(specdec::Error::EmptyPrompt)?
         }
+        Family::Qwen3 => {
+            let config: qwen3::Config = serde_json::from_str(&text).map_err(|e| json_error(dir, e))?;
+            qwen3::ModelForCausalLM::new(&config, vb)?.forward(&input, 0)?
+        }
         Family::Mistral => {
             let config: mistral::Config = serde_json::from_str(&text).map_err(|e| json_error(dir, e))?;
             mistral::Model::new(&config, vb)?.forward(&input, 0)?
@@ -331,8 +340,8 @@ fn reference_hf(family: Family, dir: &Path, tokens: &[u32]) -> Result<Vec<f32>> 
 }
 
 #[test]
-fn qwen2_gemma3_and_mistral_hf_folders_match_candle_transformers_on_both_engines() -> Result<()> {
-    for family in [Family::Qwen2, Family::Gemma3, Family::Mistral] {
+fn hf_folders_match_candle_transformers_on_both_engines() -> Result<()> {
+    for family in [Family::Qwen2, Family::Qwen3, Family::Gemma3, Family::Mistral] {
         let dir = temp_path(&format!("{}-hf", family.gguf_name()));
         write_hf(family, &dir)?;
         for engine in [Engine::Native, Engine::Candle] {
