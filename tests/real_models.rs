@@ -115,8 +115,16 @@ fn logits_agree_with_candle_quantized_llama() -> Result<()> {
 /// quantized path does (both are a few percent off, by different roundings).
 #[test]
 fn native_quantized_error_is_no_worse_than_candles() -> Result<()> {
+    // SmolLM2's Q4_1 runs on our kernels as stored; Gemma's Q6_K matrices are re-quantized to
+    // Q8_0 (the native engine has no Q6_K kernel), which must cost no more accuracy than
+    // candle's own Q6_K products.
+    quantized_error_against_candle(SMOLLM2)?;
+    quantized_error_against_candle(GEMMA3)
+}
+
+fn quantized_error_against_candle(name: &str) -> Result<()> {
     use specdec::Engine;
-    let Some(path) = model_path(SMOLLM2) else { return Ok(()) };
+    let Some(path) = model_path(name) else { return Ok(()) };
     let (files, dev) = (ModelFiles::Gguf(path), device());
     let (exact, tok) = files.load(WeightFormat::F32, &dev)?;
     let (native, _) = files.load_with(WeightFormat::Stored, &dev, Engine::Native)?;
@@ -128,8 +136,8 @@ fn native_quantized_error_is_no_worse_than_candles() -> Result<()> {
         ours += rel_diff(Llama::new(native.clone())?.forward(&ids, 1)?.row(0), f.row(0));
         theirs += rel_diff(Llama::new(candle.clone())?.forward(&ids, 1)?.row(0), f.row(0));
     }
-    eprintln!("mean relative error against f32: native {:.4}, candle {:.4}", ours / 3.0, theirs / 3.0);
-    assert!(ours <= 1.5 * theirs, "native {ours} vs candle {theirs}");
+    eprintln!("{name}: mean relative error against f32: native {:.4}, candle {:.4}", ours / 3.0, theirs / 3.0);
+    assert!(ours <= 1.5 * theirs, "{name}: native {ours} vs candle {theirs}");
     Ok(())
 }
 

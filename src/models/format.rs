@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 pub enum WeightFormat {
     /// Dequantized to f32 (the exact target).
     F32,
-    /// As stored in the file (quantized GGUF weights stay quantized).
+    /// As stored in the file (quantized GGUF weights stay quantized; the native engine holds
+    /// block types it has no kernel for, such as Q6_K, as Q8_0).
     Stored,
     /// Re-quantized at load to this GGUF block type (a quantized self-draft).
     Quantized(GgmlDType),

@@ -36,15 +36,18 @@ pub enum Matrix {
 
 impl Matrix {
     /// Holds `parts`, (rows_i, cols) tensors stacked by rows (a fused q|k|v or gate|up
-    /// matrix), in `format`. Parts that cannot be held quantized (a row length that is not a
-    /// whole number of blocks, a block type the kernels lack) make the whole matrix f32.
+    /// matrix), in `format`. Stored blocks of a type the kernels lack (Q6_K, Q5_K, …) are
+    /// re-quantized to Q8_0, whose step is finer than theirs, rather than widened to f32 (four
+    /// times the bytes per token). Parts that still cannot be held quantized (a row length
+    /// that is not a whole number of blocks) make the whole matrix f32.
     fn load(parts: Vec<QTensor>, format: WeightFormat) -> Result<Self> {
         let mut loaded = Vec::with_capacity(parts.len());
         for t in parts {
             let (rows, cols) = t.shape().dims2()?;
             let target = match format {
                 WeightFormat::F32 => None,
-                WeightFormat::Stored => Some(t.dtype()),
+                WeightFormat::Stored if QMatrix::supports(t.dtype()) || t.dtype().block_size() == 1 => Some(t.dtype()),
+                WeightFormat::Stored => Some(GgmlDType::Q8_0),
                 WeightFormat::Quantized(q) => Some(q),
             };
             // Q4_K needs rows of whole 256-value super-blocks; narrower rows take Q4_1, its
