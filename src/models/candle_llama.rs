@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine, TreeShape};
+use crate::models::engine::{Backend, Engine, Tap, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
@@ -115,7 +115,20 @@ impl Backend for CandleWeights {
         tokens: &[u32],
         rows: usize,
     ) -> Result<Vec<f32>> {
-        self.run(c, caches, layers, pos, tokens, rows, None)
+        Ok(self.run(c, caches, layers, pos, tokens, rows, None, &[])?.0)
+    }
+
+    fn forward_hidden(
+        &self,
+        c: &LlamaConfig,
+        caches: &mut Vec<KvCache>,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        self.run(c, caches, layers, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
@@ -127,7 +140,7 @@ impl Backend for CandleWeights {
         tokens: &[u32],
         tree: &TreeShape,
     ) -> Result<Vec<f32>> {
-        self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree))
+        Ok(self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree), &[])?.0)
     }
 
     fn keep_path(&self, _: &LlamaConfig, caches: &mut Vec<KvCache>, pos: usize, path: &[usize]) -> Result<()> {
@@ -136,7 +149,8 @@ impl Backend for CandleWeights {
 }
 
 impl CandleWeights {
-    /// The forward pass of a chain (`tree` is `None`) or a tree (see [`Backend::forward_tree`]).
+    /// The forward pass of a chain (`tree` is `None`) or a tree (see [`Backend::forward_tree`]),
+    /// with the hidden states `taps` asks for (none copied when it is empty).
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -147,7 +161,15 @@ impl CandleWeights {
         tokens: &[u32],
         rows: usize,
         tree: Option<&TreeShape>,
-    ) -> Result<Vec<f32>> {
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let mut hidden = vec![Vec::new(); taps.len()];
+        let tap = |slot: Tap, x: &Tensor, hidden: &mut Vec<Vec<f32>>| -> Result<()> {
+            if let Some(k) = taps.iter().position(|&t| t == slot) {
+                hidden[k] = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            }
+            Ok(())
+        };
         // The roll-back contract: positions from `pos` on are forgotten (a failed call may
         // have left some layers longer than others).
         caches.iter_mut().for_each(|k| k.truncate(pos));
@@ -174,7 +196,8 @@ impl CandleWeights {
                 None => (x + y)?,
             })
         };
-        for (cache, &l) in caches.iter_mut().zip(layers) {
+        for (slot, (cache, &l)) in caches.iter_mut().zip(layers).enumerate() {
+            tap(Tap::Residual(slot), &x, &mut hidden)?;
             let b = &self.blocks[l];
             let (cos, sin) = &tables[usize::from(b.sliding)];
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
@@ -186,11 +209,15 @@ impl CandleWeights {
             let ffn = (gate * b.up.forward(&h)?)?;
             x = residual(x, b.down.forward(&ffn)?, b.post_norms.as_ref().map(|p| &p[1]))?;
         }
+        tap(Tap::Residual(layers.len()), &x, &mut hidden)?;
+        if taps.contains(&Tap::Final) {
+            tap(Tap::Final, &candle_nn::ops::rms_norm(&x, &self.norm, eps)?, &mut hidden)?;
+        }
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), hidden));
         }
         let last = candle_nn::ops::rms_norm(&x.narrow(0, n - rows, rows)?, &self.norm, eps)?;
-        Ok(self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        Ok((self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?, hidden))
     }
 }
 

@@ -35,7 +35,9 @@ pub enum Engine {
 ///
 /// A tree of drafts is scored by [`forward_tree`](Backend::forward_tree) (positions by depth,
 /// a mask from the parent list) and its accepted path kept by
-/// [`keep_path`](Backend::keep_path); batches will add a method for several caches in one call.
+/// [`keep_path`](Backend::keep_path); [`forward_hidden`](Backend::forward_hidden) also hands
+/// out hidden states ([`Tap`]) for draft heads; batches will add a method for several caches in
+/// one call.
 pub trait Backend: Debug + Send + Sync + 'static {
     /// The KV cache of one model instance.
     type Cache: Debug + Send;
@@ -65,6 +67,24 @@ pub trait Backend: Debug + Send + Sync + 'static {
         tokens: &[u32],
         rows: usize,
     ) -> Result<Vec<f32>>;
+
+    /// As [`forward`](Backend::forward), also returning the hidden states `taps` names, in
+    /// that order, each `tokens.len() × hidden_size` row-major: what draft heads (EAGLE,
+    /// Medusa) read, from the same pass. [`forward`](Backend::forward) copies none of them.
+    ///
+    /// # Errors
+    /// Backend failures.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_hidden(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut Self::Cache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
 
     /// Scores a tree in one call: token 0 (the pending token) at position `pos`, token `i` at
     /// `pos + tree.depth(i)`, each attending to the cache's first `pos` positions and to its own
@@ -97,6 +117,18 @@ pub trait Backend: Debug + Send + Sync + 'static {
     fn bytes_per_token(&self) -> Option<usize> {
         None
     }
+}
+
+/// A hidden state a forward pass can hand out beside its logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tap {
+    /// The residual stream entering the model's `i`-th block (of the blocks it runs); `i`
+    /// equal to the number of blocks: the last block's output, before the final norm. EAGLE-3
+    /// reads three of these.
+    Residual(usize),
+    /// The last block's output after the final norm: what the output head reads, and what
+    /// EAGLE-1/2 and Medusa heads take.
+    Final,
 }
 
 /// A backend with its concrete type erased, so that a model holds any of them.
@@ -138,6 +170,17 @@ pub(crate) trait Instance: Debug + Send {
         rows: usize,
     ) -> Result<Vec<f32>>;
 
+    /// As [`Backend::forward_hidden`] on the bound cache.
+    fn forward_hidden(
+        &mut self,
+        c: &LlamaConfig,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
+
     /// As [`Backend::forward_tree`] on the bound cache.
     fn forward_tree(
         &mut self,
@@ -168,6 +211,18 @@ impl<B: Backend> Instance for Bound<B> {
         rows: usize,
     ) -> Result<Vec<f32>> {
         self.backend.forward(c, &mut self.cache, layers, pos, tokens, rows)
+    }
+
+    fn forward_hidden(
+        &mut self,
+        c: &LlamaConfig,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        self.backend.forward_hidden(c, &mut self.cache, layers, pos, tokens, rows, taps)
     }
 
     fn forward_tree(

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::{Logits, TargetModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, Engine, Instance, TreeShape};
+use crate::models::engine::{AnyBackend, Backend, Engine, Instance, Tap, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::native::NativeWeights;
 use crate::models::tensors::TensorSource;
@@ -204,6 +204,36 @@ impl Llama {
         Ok(())
     }
 
+    /// As [`TargetModel::forward`], also returning the hidden states `taps` names (see [`Tap`]),
+    /// in that order, each `tokens.len() × hidden_size` row-major, from the same pass: what
+    /// draft heads read. A plain `forward` copies none of them.
+    ///
+    /// # Errors
+    /// As [`TargetModel::forward`]; [`Error::InvalidSetting`] for a [`Tap::Residual`] past the
+    /// blocks this model runs.
+    pub fn forward_hidden(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Logits, Vec<Vec<f32>>)> {
+        if let Some(Tap::Residual(i)) = taps.iter().find(|t| matches!(t, Tap::Residual(i) if *i > self.layers.len())) {
+            return Err(Error::setting("hidden-state tap", i, "a block index of the model, or the number of blocks"));
+        }
+        if !self.start_forward(tokens, rows)? {
+            return Ok((Logits::new(Vec::new(), self.weights.config.vocab_size)?, vec![Vec::new(); taps.len()]));
+        }
+        let c = &self.weights.config;
+        let (data, hidden) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, taps)?;
+        self.len += tokens.len();
+        Ok((Logits::new(data, c.vocab_size)?, hidden))
+    }
+
+    /// The checks before a forward call; false when there is nothing to run.
+    fn start_forward(&mut self, tokens: &[u32], rows: usize) -> Result<bool> {
+        self.tree = None;
+        self.check_tokens(tokens)?;
+        if rows > tokens.len() {
+            return Err(Error::setting("rows", rows, "at most the number of tokens fed"));
+        }
+        Ok(!tokens.is_empty())
+    }
+
     /// Checks tokens against the vocabulary and the room left in the context.
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let c = &self.weights.config;
@@ -227,15 +257,10 @@ impl TargetModel for Llama {
     }
 
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        self.tree = None;
+        if !self.start_forward(tokens, rows)? {
+            return Logits::new(Vec::new(), self.weights.config.vocab_size);
+        }
         let c = &self.weights.config;
-        self.check_tokens(tokens)?;
-        if rows > tokens.len() {
-            return Err(Error::setting("rows", rows, "at most the number of tokens fed"));
-        }
-        if tokens.is_empty() {
-            return Logits::new(Vec::new(), c.vocab_size);
-        }
         // On failure `len` stays, and the next call overwrites whatever this one wrote.
         let data = self.instance.forward(c, &self.layers, self.len, tokens, rows)?;
         self.len += tokens.len();

@@ -10,7 +10,7 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine, TreeShape};
+use crate::models::engine::{Backend, Engine, Tap, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
@@ -245,7 +245,20 @@ impl Backend for NativeWeights {
         tokens: &[u32],
         rows: usize,
     ) -> Result<Vec<f32>> {
-        self.run(c, cache, layers, pos, tokens, rows, None)
+        Ok(self.run(c, cache, layers, pos, tokens, rows, None, &[])?.0)
+    }
+
+    fn forward_hidden(
+        &self,
+        c: &LlamaConfig,
+        cache: &mut NativeCache,
+        layers: &[usize],
+        pos: usize,
+        tokens: &[u32],
+        rows: usize,
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        self.run(c, cache, layers, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
@@ -257,7 +270,7 @@ impl Backend for NativeWeights {
         tokens: &[u32],
         tree: &TreeShape,
     ) -> Result<Vec<f32>> {
-        self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree))
+        Ok(self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree), &[])?.0)
     }
 
     fn keep_path(&self, c: &LlamaConfig, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {
@@ -282,7 +295,8 @@ impl Backend for NativeWeights {
 }
 
 impl NativeWeights {
-    /// The forward pass of a chain (`tree` is `None`: token i at `pos + i`, causal) or a tree.
+    /// The forward pass of a chain (`tree` is `None`: token i at `pos + i`, causal) or a tree,
+    /// with the hidden states `taps` asks for (none copied when it is empty).
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -293,7 +307,9 @@ impl NativeWeights {
         tokens: &[u32],
         rows: usize,
         tree: Option<&TreeShape>,
-    ) -> Result<Vec<f32>> {
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let mut hidden = vec![Vec::new(); taps.len()];
         let n = tokens.len();
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
@@ -316,6 +332,7 @@ impl NativeWeights {
         };
         let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..2).map(|t| (angles(&self.cos[t]), angles(&self.sin[t]))).collect();
         for (slot, &l) in layers.iter().enumerate() {
+            tap_residual(taps, slot, &s.x, &mut hidden);
             let b = &self.blocks[l];
             let (cos, sin) = (&tables[usize::from(b.sliding)].0[..], &tables[usize::from(b.sliding)].1[..]);
             // A sliding-window layer's row i sees its last `w` positions, itself included.
@@ -366,15 +383,30 @@ impl NativeWeights {
             b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts);
             add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[1][..]), eps, &mut s.xb);
         }
+        tap_residual(taps, layers.len(), &s.x, &mut hidden);
+        if let Some(k) = taps.iter().position(|&t| t == Tap::Final) {
+            hidden[k].resize(n * h, 0.0);
+            attention::rms_norm(&s.x, &self.norm, eps, &mut hidden[k]);
+        }
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), hidden));
         }
         let last = &s.x[(n - rows) * h..];
         s.xb.resize(rows * h, 0.0);
         attention::rms_norm(last, &self.norm, eps, &mut s.xb[..rows * h]);
         let mut logits = Vec::new();
         self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut logits, &mut s.acts);
-        Ok(logits)
+        Ok((logits, hidden))
+    }
+}
+
+/// Copies the residual stream `x` into the slots of `taps` that ask for it before block `slot`.
+fn tap_residual(taps: &[Tap], slot: usize, x: &[f32], hidden: &mut [Vec<f32>]) {
+    for (t, h) in taps.iter().zip(hidden) {
+        if *t == Tap::Residual(slot) {
+            h.clear();
+            h.extend_from_slice(x);
+        }
     }
 }
 
