@@ -106,18 +106,6 @@ impl Backend for CandleWeights {
         (0..layers).map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &self.device)).collect()
     }
 
-    fn forward(
-        &self,
-        c: &LlamaConfig,
-        caches: &mut Vec<KvCache>,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-    ) -> Result<Vec<f32>> {
-        Ok(self.run(c, caches, layers, pos, tokens, rows, None, &[])?.0)
-    }
-
     fn forward_hidden(
         &self,
         c: &LlamaConfig,

@@ -54,7 +54,8 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Runs `tokens` at positions `pos..pos + tokens.len()` through the blocks `layers` (one
     /// cache layer each, in order), writing their keys and values into `cache`, and returns the
     /// logits of the last `rows` tokens, row-major. The caller checks the tokens, `rows <=
-    /// tokens.len()` and `pos + tokens.len() <= c.max_context`.
+    /// tokens.len()` and `pos + tokens.len() <= c.max_context`. It is
+    /// [`forward_hidden`](Backend::forward_hidden) with no taps.
     ///
     /// # Errors
     /// Backend failures.
@@ -66,7 +67,9 @@ pub trait Backend: Debug + Send + Sync + 'static {
         pos: usize,
         tokens: &[u32],
         rows: usize,
-    ) -> Result<Vec<f32>>;
+    ) -> Result<Vec<f32>> {
+        Ok(self.forward_hidden(c, cache, layers, pos, tokens, rows, &[])?.0)
+    }
 
     /// As [`forward`](Backend::forward), also returning the hidden states `taps` names, in
     /// that order, each `tokens.len() × hidden_size` row-major: what draft heads (EAGLE,
@@ -160,16 +163,6 @@ impl<B: Backend> AnyBackend for B {
 
 /// A backend bound to one instance's cache.
 pub(crate) trait Instance: Debug + Send {
-    /// As [`Backend::forward`] on the bound cache.
-    fn forward(
-        &mut self,
-        c: &LlamaConfig,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-    ) -> Result<Vec<f32>>;
-
     /// As [`Backend::forward_hidden`] on the bound cache.
     fn forward_hidden(
         &mut self,
@@ -202,17 +195,6 @@ struct Bound<B: Backend> {
 }
 
 impl<B: Backend> Instance for Bound<B> {
-    fn forward(
-        &mut self,
-        c: &LlamaConfig,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-    ) -> Result<Vec<f32>> {
-        self.backend.forward(c, &mut self.cache, layers, pos, tokens, rows)
-    }
-
     fn forward_hidden(
         &mut self,
         c: &LlamaConfig,

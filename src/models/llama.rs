@@ -262,7 +262,7 @@ impl TargetModel for Llama {
         }
         let c = &self.weights.config;
         // On failure `len` stays, and the next call overwrites whatever this one wrote.
-        let data = self.instance.forward(c, &self.layers, self.len, tokens, rows)?;
+        let (data, _) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, &[])?;
         self.len += tokens.len();
         Logits::new(data, c.vocab_size)
     }

@@ -236,18 +236,6 @@ impl Backend for NativeWeights {
 
     /// Writing at `pos` overwrites the cache from there: values are cut to `pos` positions
     /// before the new ones are appended, and keys are stored at their positions.
-    fn forward(
-        &self,
-        c: &LlamaConfig,
-        cache: &mut NativeCache,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-    ) -> Result<Vec<f32>> {
-        Ok(self.run(c, cache, layers, pos, tokens, rows, None, &[])?.0)
-    }
-
     fn forward_hidden(
         &self,
         c: &LlamaConfig,
