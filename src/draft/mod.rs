@@ -1,4 +1,4 @@
-//! Drafters: heuristics that implement [`DraftModel`](crate::DraftModel) without a model, and
+//! Drafters: heuristics that implement [`DraftModel`] without a model, and
 //! [`Drafter`], the run-time choice between a model draft and the n-gram drafter.
 
 mod expand;

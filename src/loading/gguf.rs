@@ -4,7 +4,7 @@
 //!
 //! What is guarded before candle sees a file (candle 0.11 bounds string and array lengths and
 //! entry counts by the bytes left in the file, and nesting at 64 levels, itself):
-//! - `general.alignment` = 0, which candle's parser divides by ([`check_header`]);
+//! - `general.alignment` = 0, which candle's parser divides by (`check_header`);
 //! - more than [`MAX_ARRAY_ELEMENTS`] metadata array elements in all: each takes one byte on
 //!   disk but 32 in memory, so a forged multi-GB file could ask for 32 times its size;
 //! - tensors whose element count overflows, is zero (candle would view an empty buffer through
