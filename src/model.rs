@@ -116,9 +116,12 @@ pub trait TargetModel {
                     got: rows.rows(),
                 });
             }
+            // Each node's row comes from the first path that reaches it.
             for (r, &j) in path.iter().enumerate() {
-                data[j * vocab..(j + 1) * vocab].copy_from_slice(rows.row(r));
-                done[j] = true;
+                if !done[j] {
+                    data[j * vocab..(j + 1) * vocab].copy_from_slice(rows.row(r));
+                    done[j] = true;
+                }
             }
         }
         Logits::new(data, vocab)

@@ -14,7 +14,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::{gemma3, mistral, quantized_phi3, quantized_qwen2, quantized_qwen3, qwen2, qwen3};
 use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
-use specdec::models::Family;
+use specdec::models::{Family, TreeShape};
 use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
 
 const VOCAB: usize = 64;
@@ -398,6 +398,12 @@ fn a_sliding_window_layer_sees_exactly_its_last_window_positions() -> Result<()>
         inside[3] = 1;
         assert!(rel_diff(&last(&outside)?, &base) <= 1e-6, "{engine:?}: a token outside the window mattered");
         assert!(rel_diff(&last(&inside)?, &base) > 1e-3, "{engine:?}: a token inside the window did not matter");
+        // A tree as deep as the window would need its own ancestors masked: refused.
+        model.truncate(2)?;
+        assert!(model.forward_tree(&[1, 2, 3], &TreeShape::new(&[0, 0])?).is_ok());
+        model.truncate(2)?;
+        let deep = model.forward_tree(&[1, 2, 3, 4], &TreeShape::new(&[0, 1, 2])?);
+        assert!(matches!(deep, Err(specdec::Error::InvalidSetting { .. })), "{engine:?}");
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
