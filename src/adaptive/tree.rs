@@ -121,7 +121,7 @@ impl ShapeChooser {
             TreePolicy::Never => None,
             TreePolicy::Always(b) => Some(b),
             TreePolicy::Adaptive(_) if !drafting_pays || self.rounds <= WARMUP_ROUNDS => None,
-            TreePolicy::Adaptive(_) if self.tree.rounds < FIRST_TREE_ROUNDS => Some(self.budget()),
+            TreePolicy::Adaptive(b) if self.tree.rounds < FIRST_TREE_ROUNDS => Some(b),
             TreePolicy::Adaptive(b) => {
                 let (chain, tree) = self.rates();
                 // A probe round runs at the slower rate: it loses `faster/slower − 1` of a round.
@@ -134,13 +134,6 @@ impl ShapeChooser {
                 }
                 ((tree > chain) != probe).then_some(b)
             }
-        }
-    }
-
-    fn budget(&self) -> TreeBudget {
-        match self.policy {
-            TreePolicy::Always(b) | TreePolicy::Adaptive(b) => b,
-            TreePolicy::Never => TreeBudget::default(),
         }
     }
 

@@ -105,40 +105,37 @@ fn expand_best<M: TargetModel + ?Sized>(
         model.forward(head, 0)?;
     }
     let (mut all, mut candidates) = (DraftTree::new(), Vec::<Scored>::new());
-    let mut frontier = vec![Scored { node: usize::MAX, logp: 0.0, rank: 0.0 }];
+    // The nodes to expand and their cumulative log-probabilities (`None`: the root).
+    let mut frontier: Vec<(Option<usize>, f32)> = vec![(None, 0.0)];
     for depth in 0..budget.depth {
         // The call scores the root and the nodes the frontier descends from.
-        let (call, index) = ancestors_of(&all, &frontier);
+        let (call, index) = ancestors_of(&all, frontier.iter().filter_map(|f| f.0));
         let mut call_tokens = vec![root];
         call_tokens.extend(call.tokens());
         let rows = model.forward_tree(&call_tokens, &call.shape()?)?;
         check_rows(&rows, call_tokens.len(), model.vocab_size())?;
         let mut next = Vec::new();
-        for f in &frontier {
-            let (parent, row) = match f.node {
-                usize::MAX => (None, rows.row(0)),
-                n => (Some(n), rows.row(index[n] + 1)),
-            };
+        for &(parent, logp) in &frontier {
+            let row = rows.row(parent.map_or(0, |n| index[n] + 1));
             // Deterministic children only: which nodes are expanded depends on their scores,
             // and a draw's presence must not depend on what was drawn.
-            next.extend(add_children(&mut all, picker.pick_top(row, budget.width)?, parent, f.logp)?);
+            next.extend(add_children(&mut all, picker.pick_top(row, budget.width)?, parent, logp)?);
         }
         candidates.extend(&next);
         if depth + 1 < budget.depth {
             next.sort_by(|a, b| b.logp.total_cmp(&a.logp));
-            next.truncate(budget.expand);
-            frontier = next;
+            frontier = next.iter().take(budget.expand).map(|s| (Some(s.node), s.logp)).collect();
         }
     }
     keep_best(&all, candidates, budget.nodes)
 }
 
-/// The sub-tree of `all` holding every frontier node and its ancestors, and for each node of
-/// `all` in it, its index in the sub-tree.
-fn ancestors_of(all: &DraftTree, frontier: &[Scored]) -> (DraftTree, Vec<usize>) {
+/// The sub-tree of `all` holding the nodes `frontier` and their ancestors, and for each node
+/// of `all` in it, its index in the sub-tree.
+fn ancestors_of(all: &DraftTree, frontier: impl Iterator<Item = usize>) -> (DraftTree, Vec<usize>) {
     let mut wanted = vec![false; all.len()];
-    for f in frontier.iter().filter(|f| f.node != usize::MAX) {
-        let mut at = Some(f.node);
+    for node in frontier {
+        let mut at = Some(node);
         while let Some(n) = at.filter(|&n| !wanted[n]) {
             wanted[n] = true;
             at = all.parents()[n];

@@ -113,12 +113,10 @@ impl DraftTree {
     /// [`Error::InvalidSetting`] when `parent` is not an existing node.
     pub fn push(&mut self, token: u32, parent: Option<usize>) -> Result<usize> {
         self.check_parent(parent)?;
-        let same =
-            (0..self.len()).find(|&i| self.parents[i] == parent && self.tokens[i] == token && self.rows[i].is_none());
-        if let Some(i) = same {
-            return Ok(i);
+        match self.point_child(parent, token) {
+            Some(i) => Ok(i),
+            None => Ok(self.add(token, parent, None)),
         }
-        Ok(self.add(token, parent, None))
     }
 
     /// Adds `token`, drawn from the probability row `row`, under `parent` (never merged: each
@@ -148,7 +146,12 @@ impl DraftTree {
 
     /// True when `parent` (`None`: the root) has a deterministic child `token`.
     pub fn has_child(&self, parent: Option<usize>, token: u32) -> bool {
-        (0..self.len()).any(|i| self.parents[i] == parent && self.tokens[i] == token && self.rows[i].is_none())
+        self.point_child(parent, token).is_some()
+    }
+
+    /// The deterministic child `token` of `parent`, if there is one.
+    fn point_child(&self, parent: Option<usize>, token: u32) -> Option<usize> {
+        (0..self.len()).find(|&i| self.parents[i] == parent && self.tokens[i] == token && self.rows[i].is_none())
     }
 
     /// The number of nodes.
@@ -235,9 +238,8 @@ impl<'a> ChildPicker<'a> {
         let mut q = Vec::new();
         self.sampling.probs(logits, &mut q)?;
         let drawn = sample(&q, self.rng)?;
-        let logq: Vec<f32> = q.iter().map(|&x| x.ln()).collect();
-        let first = Child { token: drawn, logp: logq[drawn as usize], row: Some(q) };
-        let others = top_tokens(&logq, width.saturating_sub(1), Some(drawn));
+        let others = top_probs(&q, width.saturating_sub(1), Some(drawn));
+        let first = Child { token: drawn, logp: q[drawn as usize].ln(), row: Some(q) };
         Ok(std::iter::once(first)
             .chain(others.into_iter().map(|(token, logp)| Child { token, logp, row: None }))
             .collect())
@@ -254,7 +256,7 @@ impl<'a> ChildPicker<'a> {
         } else {
             let mut q = Vec::new();
             self.sampling.probs(logits, &mut q)?;
-            top_tokens(&q.iter().map(|&x| x.ln()).collect::<Vec<_>>(), width, None)
+            top_probs(&q, width, None)
         };
         Ok(top.into_iter().map(|(token, logp)| Child { token, logp, row: None }).collect())
     }
@@ -266,16 +268,28 @@ pub(super) fn top_tokens(row: &[f32], width: usize, skip: Option<u32>) -> Vec<(u
     let max = row.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max);
     let total: f64 = row.iter().filter(|x| x.is_finite()).map(|&x| f64::from(x - max).exp()).sum();
     let log_total = max + total.ln() as f32;
-    let mut order: Vec<u32> =
-        (0..row.len() as u32).filter(|&t| row[t as usize].is_finite() && Some(t) != skip).collect();
-    let by_logit = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let top = top_indices(row, width, skip, |x| x.is_finite());
+    top.into_iter().map(|t| (t, row[t as usize] - log_total)).collect()
+}
+
+/// The `width` most likely tokens of a probability row (never `skip`, never one of
+/// probability 0), with their log-probabilities.
+fn top_probs(q: &[f32], width: usize, skip: Option<u32>) -> Vec<(u32, f32)> {
+    top_indices(q, width, skip, |p| p > 0.0).into_iter().map(|t| (t, q[t as usize].ln())).collect()
+}
+
+/// The indices of the `width` largest values of `row` that pass `keep` (never `skip`), largest
+/// first, the lower index first among equals.
+fn top_indices(row: &[f32], width: usize, skip: Option<u32>, keep: impl Fn(f32) -> bool) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..row.len() as u32).filter(|&t| keep(row[t as usize]) && Some(t) != skip).collect();
+    let by_value = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     let width = width.min(order.len());
     if width > 0 && width < order.len() {
-        order.select_nth_unstable_by(width - 1, by_logit);
+        order.select_nth_unstable_by(width - 1, by_value);
     }
     order.truncate(width);
-    order.sort_by(by_logit);
-    order.into_iter().map(|t| (t, row[t as usize] - log_total)).collect()
+    order.sort_by(by_value);
+    order
 }
 
 #[cfg(test)]

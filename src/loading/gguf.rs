@@ -134,26 +134,14 @@ impl GgufFile {
         Family::from_name(&arch).ok_or(Error::UnsupportedArchitecture(arch))
     }
 
-    /// For a family whose files keep query/key rows in halves order (Qwen, Gemma, Phi-3), the
-    /// heads of the query or key tensor `name` (1 for a per-head norm weight; the query heads
-    /// of a fused q|k|v matrix); `None` for other tensors and families.
+    /// The query heads and key/value heads (as many as the query heads when not given).
     ///
     /// # Errors
-    /// An unsupported architecture; missing head counts.
-    pub(crate) fn halves_heads(&self, name: &str) -> Result<Option<usize>> {
-        let family = self.family()?;
-        if !family.gguf_rows_in_halves() {
-            return Ok(None);
-        }
+    /// [`Error::Load`] when the head count is missing.
+    pub(crate) fn head_counts(&self, family: Family) -> Result<(usize, usize)> {
         let key = |k: &str| format!("{}.attention.{k}", family.gguf_name());
-        Ok(match name.split('.').nth(2) {
-            Some("attn_q" | "attn_qkv") => Some(self.get_u32(&key("head_count"))? as usize),
-            Some("attn_k") => {
-                Some(self.get_u32(&key("head_count_kv")).or_else(|_| self.get_u32(&key("head_count")))? as usize)
-            }
-            Some("attn_q_norm" | "attn_k_norm") => Some(1),
-            _ => None,
-        })
+        let heads = self.get_u32(&key("head_count"))? as usize;
+        Ok((heads, self.get_u32(&key("head_count_kv")).map_or(heads, |v| v as usize)))
     }
 
     /// The model's shape from the `{architecture}.*` metadata.
@@ -165,7 +153,7 @@ impl GgufFile {
         let family = self.family()?;
         let key = |k: &str| format!("{}.{k}", family.gguf_name());
         let hidden_size = self.get_u32(&key("embedding_length"))? as usize;
-        let num_heads = self.get_u32(&key("attention.head_count"))? as usize;
+        let (num_heads, num_kv_heads) = self.head_counts(family)?;
         let embd_rows =
             self.content.tensor_infos.get("token_embd.weight").and_then(|t| t.shape.dims().first().copied());
         let vocab_size = match self.metadata("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()) {
@@ -193,20 +181,20 @@ impl GgufFile {
             intermediate_size: self.get_u32(&key("feed_forward_length"))? as usize,
             num_layers: self.get_u32(&key("block_count"))? as usize,
             num_heads,
-            num_kv_heads: self.get_u32(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads),
+            num_kv_heads,
             head_dim,
             rope_theta,
             rms_norm_eps: self.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f64,
             max_context: self.get_u32(&key("context_length"))? as usize,
             eos_token_ids,
-            // llama.cpp reads no pattern or local base from Gemma 3 files: every 6th layer is
-            // global and local layers rotate with base 10,000.
             // Phi-3's window, where a file sets one, covers every layer.
             sliding_window: match family {
                 Family::Gemma3 => Some(self.get_u32(&key("attention.sliding_window"))? as usize),
                 Family::Phi3 => self.get_u32(&key("attention.sliding_window")).ok().map(|w| w as usize),
                 _ => None,
             },
+            // llama.cpp reads no pattern or local base from Gemma 3 files: every 6th layer is
+            // global and local layers rotate with base 10,000.
             sliding_pattern: match family.gemma() {
                 true => self.get_u32(&key("attention.sliding_window_pattern")).map_or(6, |v| v as usize),
                 false => 0,

@@ -15,8 +15,8 @@ use crate::models::config::LlamaConfig;
 use crate::models::engine::Engine;
 use crate::models::format::WeightFormat;
 use crate::models::llama::LlamaWeights;
+use crate::models::tensors::to_interleaved;
 pub use crate::models::tensors::TensorSource;
-use crate::models::tensors::{halves_to_interleaved, reorder_heads};
 use crate::tokenizer::Tokenizer;
 
 pub use gguf::GgufFile;
@@ -29,15 +29,12 @@ impl TensorSource for GgufFile {
 
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         let t = self.tensor(name, device)?;
-        match self.halves_heads(name)? {
-            // A fused q|k|v matrix: its query and key heads are reordered, its values kept.
-            Some(_) if name.contains(".attn_qkv.") => {
-                let c = self.config()?;
-                reorder_heads(&t, c.head_dim, (c.num_heads + c.num_kv_heads) * c.head_dim, device)
-            }
-            Some(heads) => halves_to_interleaved(&t, heads, device),
-            None => Ok(t),
+        let family = self.family()?;
+        if !family.gguf_rows_in_halves() {
+            return Ok(t);
         }
+        let (heads, kv_heads) = self.head_counts(family)?;
+        to_interleaved(name, t, heads, kv_heads, device)
     }
 }
 

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::models::config::{HfConfig, LlamaConfig};
-use crate::models::tensors::{halves_to_interleaved, TensorSource};
+use crate::models::tensors::{to_interleaved, TensorSource};
 use crate::tokenizer::Tokenizer;
 
 /// An opened HF-layout folder.
@@ -89,17 +89,6 @@ impl SafetensorsDir {
         };
         Some(format!("model.layers.{layer}.{part}.{kind}"))
     }
-
-    /// How many heads a query or key tensor holds (1 for a per-head norm weight), whose rows
-    /// HF files store in halves order; `None` for the other tensors.
-    fn query_key_heads(&self, name: &str) -> Option<usize> {
-        match name.split('.').nth(2)? {
-            "attn_q" => Some(self.config.num_heads),
-            "attn_k" => Some(self.config.num_kv_heads),
-            "attn_q_norm" | "attn_k_norm" => Some(1),
-            _ => None,
-        }
-    }
 }
 
 impl TensorSource for SafetensorsDir {
@@ -118,10 +107,7 @@ impl TensorSource for SafetensorsDir {
             t = (t + 1.0)?;
         }
         let t = QTensor::quantize(&t, GgmlDType::F32)?;
-        match self.query_key_heads(name) {
-            Some(heads) => halves_to_interleaved(&t, heads, device),
-            None => Ok(t),
-        }
+        to_interleaved(name, t, self.config.num_heads, self.config.num_kv_heads, device)
     }
 }
 

@@ -43,9 +43,10 @@ pub struct CandleWeights {
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
-    /// RoPE cosines and sines of the global layers, then of the sliding-window ones.
-    cos: [Tensor; 2],
-    sin: [Tensor; 2],
+    /// RoPE cosines and sines of the global layers, then, for a model with a sliding window,
+    /// of the sliding-window ones.
+    cos: Vec<Tensor>,
+    sin: Vec<Tensor>,
 }
 
 impl CandleWeights {
@@ -79,16 +80,18 @@ impl CandleWeights {
         let outer = OuterTensors::read(source, c, device)?;
         let embed = outer.embed.dequantize(device)?;
         let lm_head = Linear::new(outer.lm_head.unwrap_or(outer.embed), format, device)?;
-        let angles = |local| Tensor::from_vec(c.rope_angles(local), (c.max_context, c.head_dim / 2), device);
-        let (global, local) = (angles(false)?, angles(true)?);
+        let kinds = [false, true].into_iter().take(1 + usize::from(c.sliding_window.is_some()));
+        let angles: Vec<Tensor> = kinds
+            .map(|local| Tensor::from_vec(c.rope_angles(local), (c.max_context, c.head_dim / 2), device))
+            .collect::<candle_core::Result<_>>()?;
         Ok(Self {
             device: device.clone(),
             embed,
             blocks,
             norm: vector(outer.norm)?,
             lm_head,
-            cos: [global.cos()?, local.cos()?],
-            sin: [global.sin()?, local.sin()?],
+            cos: angles.iter().map(Tensor::cos).collect::<candle_core::Result<_>>()?,
+            sin: angles.iter().map(Tensor::sin).collect::<candle_core::Result<_>>()?,
         })
     }
 }
@@ -170,13 +173,15 @@ impl CandleWeights {
         // Each token's position: pos + i along a chain, pos + depth in a tree.
         let at: Vec<u32> = (0..n).map(|i| (pos + tree.map_or(i, |t| t.depth(i))) as u32).collect();
         let at = Tensor::new(at, &self.device)?;
-        let tables: Vec<(Tensor, Tensor)> = (0..2)
-            .map(|t| Ok((self.cos[t].index_select(&at, 0)?, self.sin[t].index_select(&at, 0)?)))
+        // Per kind of layer (global, then sliding-window where the model has a window): each
+        // token's rotation and the attention mask.
+        let kinds: Vec<(Tensor, Tensor, Option<Tensor>)> = (self.cos.iter().zip(&self.sin))
+            .zip([None, c.sliding_window])
+            .map(|((cos, sin), window)| {
+                let mask = attention_mask(n, pos, tree, window, &self.device)?;
+                Ok((cos.index_select(&at, 0)?, sin.index_select(&at, 0)?, mask))
+            })
             .collect::<Result<_>>()?;
-        let masks = [
-            attention_mask(n, pos, tree, None, &self.device)?,
-            attention_mask(n, pos, tree, c.sliding_window, &self.device)?,
-        ];
         let eps = c.rms_norm_eps as f32;
         let residual = |x: Tensor, y: Tensor, post: Option<&Tensor>| -> Result<Tensor> {
             Ok(match post {
@@ -187,9 +192,9 @@ impl CandleWeights {
         for (slot, (cache, &l)) in caches.iter_mut().zip(layers).enumerate() {
             tap(Tap::Residual(slot), &x, &mut hidden)?;
             let b = &self.blocks[l];
-            let (cos, sin) = &tables[usize::from(b.sliding)];
+            let (cos, sin, mask) = &kinds[usize::from(b.sliding)];
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let attn = attention(c, b, &h, cos, sin, masks[usize::from(b.sliding)].as_ref(), cache)?;
+            let attn = attention(c, b, &h, cos, sin, mask.as_ref(), cache)?;
             x = residual(x, b.o.forward(&attn)?, b.post_norms.as_ref().map(|p| &p[0]))?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             let gate = b.gate.forward(&h)?;

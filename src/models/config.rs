@@ -234,10 +234,8 @@ impl HfConfig {
     pub(crate) fn to_llama(&self) -> Result<LlamaConfig> {
         let kind = self.model_type.as_deref().unwrap_or("llama");
         let family = Family::from_name(kind).ok_or_else(|| Error::UnsupportedArchitecture(kind.to_string()))?;
-        if self.attention_bias && !family.qkv_bias() {
-            return Err(Error::UnsupportedArchitecture(format!("{kind} with attention_bias")));
-        }
         let unsupported = [
+            (self.attention_bias && !family.qkv_bias(), "attention_bias"),
             (family.fused(), "weights from an HF folder (its GGUF files load)"),
             (self.use_sliding_window, "use_sliding_window"),
             (self.final_logit_softcapping.is_some() || self.attn_logit_softcapping.is_some(), "logit soft-capping"),

@@ -180,6 +180,9 @@ pub(crate) fn split_rows<const N: usize>(t: &QTensor, rows: [usize; N], device: 
         let reason = format!("cannot split a tensor of shape {dims:?} into rows {rows:?}");
         return Err(Error::Load { path: "".into(), reason });
     }
+    if total == 0 {
+        return Err(Error::Load { path: "".into(), reason: "cannot split a tensor of no rows".into() });
+    }
     let data = t.data()?;
     let row_bytes = data.len() / total;
     let mut start = 0;
@@ -192,20 +195,38 @@ pub(crate) fn split_rows<const N: usize>(t: &QTensor, rows: [usize; N], device: 
     parts.try_into().map_err(|_| Error::Load { path: "".into(), reason: "split".into() })
 }
 
-/// Reorders the rows of a query or key tensor (a weight, a bias, or a per-head norm weight
-/// with `heads` = 1) from halves order (each head's first rotary elements, then its second
-/// ones: HF files, Qwen and Gemma GGUF files) into the interleaved order this crate's RoPE
-/// uses, moving whole rows of bytes so quantized rows stay exactly as stored.
+/// Puts the query and key rows of tensor `name` (HF files, Qwen, Gemma and Phi-3 GGUF files
+/// store each head's first rotary elements, then its second ones: halves order) into the
+/// interleaved order this crate's RoPE uses: `attn_q` weights and biases by `heads` heads,
+/// `attn_k` by `kv_heads`, per-head q/k norm weights as one head, and the query and key heads
+/// of a fused `attn_qkv` matrix (its values kept). Other tensors come back as they are. Whole
+/// rows of bytes move, so quantized rows stay exactly as stored.
 ///
 /// # Errors
-/// [`Error::Load`] when the rows do not split into `heads` heads of an even width, or a 1-D
+/// [`Error::Load`] when the rows do not split into those heads of an even width, or a 1-D
 /// tensor is quantized.
-pub(crate) fn halves_to_interleaved(t: &QTensor, heads: usize, device: &Device) -> Result<QTensor> {
+pub(crate) fn to_interleaved(
+    name: &str,
+    t: QTensor,
+    heads: usize,
+    kv_heads: usize,
+    device: &Device,
+) -> Result<QTensor> {
     let rows = t.shape().dims().first().copied().unwrap_or(0);
-    match heads {
-        0 => Err(Error::Load { path: "".into(), reason: "a query/key tensor of 0 heads".into() }),
-        h => reorder_heads(t, rows / h, rows, device),
+    // (heads in the tensor, of which reordered)
+    let (all, reordered) = match name.split('.').nth(2) {
+        Some("attn_q") => (heads, heads),
+        Some("attn_k") => (kv_heads, kv_heads),
+        Some("attn_q_norm" | "attn_k_norm") => (1, 1),
+        Some("attn_qkv") => (heads + 2 * kv_heads, heads + kv_heads),
+        _ => return Ok(t),
+    };
+    if all == 0 || !rows.is_multiple_of(all) {
+        let reason = format!("`{name}`: {rows} rows do not split into {all} heads");
+        return Err(Error::Load { path: "".into(), reason });
     }
+    let hd = rows / all;
+    reorder_heads(&t, hd, reordered * hd, device)
 }
 
 /// Reorders the first `count` rows of `t`, head by head of `hd` rows, from halves into
@@ -214,10 +235,10 @@ pub(crate) fn halves_to_interleaved(t: &QTensor, heads: usize, device: &Device) 
 /// # Errors
 /// [`Error::Load`] when `hd` is odd or zero, `count` is not a whole number of heads or more
 /// than the rows, or a 1-D tensor is quantized.
-pub(crate) fn reorder_heads(t: &QTensor, hd: usize, count: usize, device: &Device) -> Result<QTensor> {
+fn reorder_heads(t: &QTensor, hd: usize, count: usize, device: &Device) -> Result<QTensor> {
     let dims = t.shape().dims();
     let rows = dims.first().copied().unwrap_or(0);
-    let fits = hd > 0 && hd.is_multiple_of(2) && count.is_multiple_of(hd) && count <= rows;
+    let fits = rows > 0 && hd > 0 && hd.is_multiple_of(2) && count.is_multiple_of(hd) && count <= rows;
     if !fits || (dims.len() == 1 && t.dtype().block_size() != 1) {
         let reason = format!("cannot reorder {count} query/key rows of {hd} per head in a tensor of shape {dims:?}");
         return Err(Error::Load { path: "".into(), reason });

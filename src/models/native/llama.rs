@@ -157,9 +157,10 @@ pub struct NativeWeights {
     norm: Vec<f32>,
     /// `None` when the output head is tied to the embeddings.
     lm_head: Option<Matrix>,
-    /// RoPE cosines and sines of the global layers, then of the sliding-window ones.
-    cos: [Vec<f32>; 2],
-    sin: [Vec<f32>; 2],
+    /// RoPE cosines and sines of the global layers, then, for a model with a sliding window,
+    /// of the sliding-window ones.
+    cos: Vec<Vec<f32>>,
+    sin: Vec<Vec<f32>>,
 }
 
 impl NativeWeights {
@@ -196,14 +197,18 @@ impl NativeWeights {
             });
         }
         let outer = OuterTensors::read(source, c, &Device::Cpu)?;
-        let angles = [c.rope_angles(false), c.rope_angles(true)];
+        let angles: Vec<Vec<f32>> = [false, true]
+            .into_iter()
+            .take(1 + usize::from(c.sliding_window.is_some()))
+            .map(|l| c.rope_angles(l))
+            .collect();
         Ok(Self {
             embed: Matrix::load(vec![outer.embed], format)?,
             blocks,
             norm: vector(outer.norm)?,
             lm_head: outer.lm_head.map(|t| Matrix::load(vec![t], format)).transpose()?,
-            cos: angles.clone().map(|a| a.iter().map(|a| a.cos()).collect()),
-            sin: angles.map(|a| a.iter().map(|a| a.sin()).collect()),
+            cos: angles.iter().map(|a| a.iter().map(|a| a.cos()).collect()).collect(),
+            sin: angles.iter().map(|a| a.iter().map(|a| a.sin()).collect()).collect(),
         })
     }
 
@@ -318,14 +323,19 @@ impl NativeWeights {
         let angles = |table: &[f32]| -> Vec<f32> {
             (0..n).flat_map(|i| &table[position(i) * half..][..half]).copied().collect()
         };
-        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..2).map(|t| (angles(&self.cos[t]), angles(&self.sin[t]))).collect();
+        // Per kind of layer (global, then sliding-window where the model has a window): each
+        // token's rotation, and the first position it sees (its last `w`, itself included).
+        let kinds: Vec<(Vec<f32>, Vec<f32>, Vec<usize>)> = (self.cos.iter().zip(&self.sin))
+            .zip([None, c.sliding_window])
+            .map(|((cos, sin), window)| {
+                let first = (0..n).map(|i| window.map_or(0, |w| (position(i) + 1).saturating_sub(w))).collect();
+                (angles(cos), angles(sin), first)
+            })
+            .collect();
         for (slot, &l) in layers.iter().enumerate() {
             tap_residual(taps, slot, &s.x, &mut hidden);
             let b = &self.blocks[l];
-            let (cos, sin) = (&tables[usize::from(b.sliding)].0[..], &tables[usize::from(b.sliding)].1[..]);
-            // A sliding-window layer's row i sees its last `w` positions, itself included.
-            let window = c.sliding_window.filter(|_| b.sliding);
-            let first: Vec<usize> = (0..n).map(|i| window.map_or(0, |w| (position(i) + 1).saturating_sub(w))).collect();
+            let (cos, sin, first) = &kinds[usize::from(b.sliding)];
             s.xb.resize(n * h, 0.0);
             attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
             b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
@@ -358,7 +368,7 @@ impl NativeWeights {
                     attention::store_key(blocks, hd, pos + i, &row[h * hd..(h + 1) * hd]);
                 }
             }
-            attend(shape, &s.q, &kv.keys, &kv.values, pos, &first, tree, &mut s.att);
+            attend(shape, &s.q, &kv.keys, &kv.values, pos, first, tree, &mut s.att);
             b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
             add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[0][..]), eps, &mut s.xb);
             attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
