@@ -34,7 +34,9 @@ struct Args {
     #[arg(long)]
     draft_quant: Option<String>,
     /// The drafter: model[:PATH] (default: the target file's weights as stored), ngram
-    /// (prompt lookup), layerskip:N (the target's first N blocks), quant:TYPE.
+    /// (prompt lookup), layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
+    /// on the target's hidden states: eagle:PATH, eagle3:PATH, medusa:PATH (a folder with
+    /// config.json and safetensors, or a hub id; scripts/train-heads.sh trains them).
     #[arg(long, default_value = "model")]
     drafter: String,
     /// Weight format of the target: f32 (default) or stored.
@@ -111,7 +113,8 @@ fn main() -> Result<()> {
         (None, None) if args.drafter == "model" => DrafterSpec::Model(default_draft),
         _ => args.drafter.parse()?,
     };
-    let drafter = Drafter::build(&spec, &target_files, &target_w, &tokenizer, &device)
+    let mut verifier = Llama::new(target_w.clone())?;
+    let drafter = Drafter::build(&spec, &target_files, &mut verifier, &tokenizer, &device)
         .with_context(|| format!("building drafter {spec}"))?;
     let draft_name = spec.to_string();
     let k_policy: KPolicy = args.k.parse()?;
@@ -140,7 +143,7 @@ fn main() -> Result<()> {
         ids.len()
     );
     eprintln!("{}", specdec::cpu::kernels());
-    let mut spec = SpeculativeDecoder::builder(drafter, Llama::new(target_w.clone())?)
+    let mut spec = SpeculativeDecoder::builder(drafter, verifier)
         .k_policy(k_policy)
         .tree(tree)
         .sampling(sampling.clone())

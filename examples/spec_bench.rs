@@ -152,8 +152,9 @@ fn main() -> Result<()> {
             let shapes = args.ks.split(',').flat_map(|k| args.trees.split(',').map(move |t| (k, t)));
             for (k, tree) in shapes {
                 let (k, tree) = (k.parse::<KPolicy>()?, tree.parse::<TreePolicy>()?);
-                let drafter = Drafter::build(&spec, &files, &target, &tok, &device)?;
-                let mut dec = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
+                let mut verifier = Llama::new(target.clone())?;
+                let drafter = Drafter::build(&spec, &files, &mut verifier, &tok, &device)?;
+                let mut dec = SpeculativeDecoder::builder(drafter, verifier)
                     .k_policy(k)
                     .tree(tree)
                     .sampling(sampling.clone())

@@ -73,6 +73,10 @@ pub enum Error {
     #[error("device `{device}` is not available: {reason}")]
     DeviceUnavailable { device: String, reason: String },
 
+    /// A draft head does not fit its target (hidden size, vocabulary, tensor shapes).
+    #[error("draft head does not fit the target: {what} is {head}, the target needs {target}")]
+    HeadMismatch { what: String, head: String, target: String },
+
     /// A tool registered for speculation failed, panicked or was misused.
     #[error("tool `{tool}`: {reason}")]
     Tool { tool: String, reason: String },

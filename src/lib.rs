@@ -37,10 +37,12 @@
 //! let files = ModelFiles::resolve("models-cache/SmolLM2-135M-Instruct.Q4_1.gguf")?;
 //! let device = specdec::device("cpu")?;
 //! let (target, tokenizer) = files.load(WeightFormat::F32, &device)?;
-//! // The draft: the file's own quantized weights (or "ngram", "layerskip:12", "quant:q8_0").
-//! let drafter = Drafter::build(&"model".parse::<DrafterSpec>()?, &files, &target, &tokenizer, &device)?;
+//! let mut target = Llama::new(target)?;
+//! // The draft: the file's own quantized weights (or "ngram", "layerskip:12", "quant:q8_0",
+//! // or a head on the target's hidden states: "eagle:DIR", "eagle3:DIR", "medusa:DIR").
+//! let drafter = Drafter::build(&"model".parse::<DrafterSpec>()?, &files, &mut target, &tokenizer, &device)?;
 //! // k adapts by default: up to 8, plain decoding where drafting does not pay.
-//! let mut decoder = SpeculativeDecoder::builder(drafter, Llama::new(target)?)
+//! let mut decoder = SpeculativeDecoder::builder(drafter, target)
 //!     .sampling(SamplingConfig::new(0.8)?.with_seed(7))
 //!     .stop_tokens(tokenizer.end_of_turn_ids())
 //!     .build()?;
@@ -55,6 +57,7 @@
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
 //! - [`draft`]: [`Drafter`] (chosen at run time) and [`NGramDraft`] (prompt lookup).
+//! - [`heads`]: EAGLE-1/2, EAGLE-3 and Medusa draft heads on the target's hidden states.
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
 //! - [`models`]: the llama-family model, [`Llama`], on two engines: [`models::native`] (our own CPU
@@ -71,6 +74,7 @@ pub mod cpu;
 pub mod decoder;
 pub mod draft;
 pub mod error;
+pub mod heads;
 pub mod kernel;
 pub mod loading;
 pub mod model;

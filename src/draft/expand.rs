@@ -68,19 +68,12 @@ fn expand_first_children<M: TargetModel + ?Sized>(
     picker: &mut ChildPicker,
 ) -> Result<DraftTree> {
     let held = model.context_len() + tokens.len();
-    let (mut all, mut candidates) = (DraftTree::new(), Vec::new());
-    let mut row = last_row(model.forward(tokens, 1)?, model.vocab_size())?;
-    let (mut parent, mut base) = (None, 0.0);
-    for depth in 0..budget.depth {
-        let scored = add_children(&mut all, picker.pick(&row, budget.width)?, parent, base)?;
-        let Some(&first) = scored.first() else { break };
-        candidates.extend(scored);
-        if depth + 1 < budget.depth {
-            row = last_row(model.forward(&all.tokens()[first.node..=first.node], 1)?, model.vocab_size())?;
-            (parent, base) = (Some(first.node), first.logp);
-        }
-    }
-    let tree = keep_best(&all, candidates, budget.nodes)?;
+    let vocab = model.vocab_size();
+    let root = last_row(model.forward(tokens, 1)?, vocab)?;
+    let (tree, all) = grow(budget, picker, root, |all, frontier| {
+        let node = frontier[0];
+        Ok(vec![last_row(model.forward(&all.tokens()[node..=node], 1)?, vocab)?])
+    })?;
     // The model holds the first children it was fed; keep those that survived the rerank.
     let kept = tree
         .first_path()
@@ -104,30 +97,72 @@ fn expand_best<M: TargetModel + ?Sized>(
     if !head.is_empty() {
         model.forward(head, 0)?;
     }
-    let (mut all, mut candidates) = (DraftTree::new(), Vec::<Scored>::new());
-    // The nodes to expand and their cumulative log-probabilities (`None`: the root).
-    let mut frontier: Vec<(Option<usize>, f32)> = vec![(None, 0.0)];
-    for depth in 0..budget.depth {
-        // The call scores the root and the nodes the frontier descends from.
-        let (call, index) = ancestors_of(&all, frontier.iter().filter_map(|f| f.0));
+    let vocab = model.vocab_size();
+    // Each level's call scores the root and the nodes the frontier descends from.
+    let mut score = |all: &DraftTree, frontier: &[usize]| -> Result<Vec<Logits>> {
+        let (call, index) = ancestors_of(all, frontier.iter().copied());
         let mut call_tokens = vec![root];
         call_tokens.extend(call.tokens());
         let rows = model.forward_tree(&call_tokens, &call.shape()?)?;
-        check_rows(&rows, call_tokens.len(), model.vocab_size())?;
+        check_rows(&rows, call_tokens.len(), vocab)?;
+        Ok(vec![rows, Logits::new(index.iter().map(|&i| i as f32).collect(), 1)?])
+    };
+    let first = score(&DraftTree::new(), &[])?;
+    let root_row = first[0].row(0).to_vec();
+    let (tree, _) = grow(budget, picker, root_row, |all, frontier| {
+        let out = score(all, frontier)?;
+        let (rows, index) = (&out[0], out[1].as_slice());
+        Ok(frontier.iter().map(|&n| rows.row(index[n] as usize + 1).to_vec()).collect())
+    })?;
+    Ok(tree)
+}
+
+/// Grows a tree level by level from the root's row: each node of the frontier gets children
+/// from its row (`picker`: with `budget.expand` = 1 the first child is a draw when sampling,
+/// and it alone is expanded next; with more, children are the most likely tokens and the
+/// `expand` best nodes by cumulative log-probability are expanded), `rows` gives the rows
+/// that follow the frontier's nodes, and the `budget.nodes` best nodes are kept. Returns the
+/// kept tree and the whole one.
+pub(crate) fn grow(
+    budget: TreeBudget,
+    picker: &mut ChildPicker,
+    root: Vec<f32>,
+    mut rows: impl FnMut(&DraftTree, &[usize]) -> Result<Vec<Vec<f32>>>,
+) -> Result<(DraftTree, DraftTree)> {
+    let (mut all, mut candidates) = (DraftTree::new(), Vec::<Scored>::new());
+    let mut level: Vec<(Option<usize>, f32, Vec<f32>)> = vec![(None, 0.0, root)];
+    for depth in 0..budget.depth {
         let mut next = Vec::new();
-        for &(parent, logp) in &frontier {
-            let row = rows.row(parent.map_or(0, |n| index[n] + 1));
-            // Deterministic children only: which nodes are expanded depends on their scores,
-            // and a draw's presence must not depend on what was drawn.
-            next.extend(add_children(&mut all, picker.pick_top(row, budget.width)?, parent, logp)?);
+        for (parent, logp, row) in &level {
+            // Expanding several nodes, children are deterministic: which nodes are expanded
+            // depends on their scores, and a draw's presence must not depend on what was drawn.
+            let kids = match budget.expand {
+                1 => picker.pick(row, budget.width)?,
+                _ => picker.pick_top(row, budget.width)?,
+            };
+            next.extend(add_children(&mut all, kids, *parent, *logp)?);
         }
         candidates.extend(&next);
-        if depth + 1 < budget.depth {
-            next.sort_by(|a, b| b.logp.total_cmp(&a.logp));
-            frontier = next.iter().take(budget.expand).map(|s| (Some(s.node), s.logp)).collect();
+        if depth + 1 == budget.depth || next.is_empty() {
+            break;
         }
+        if budget.expand > 1 {
+            next.sort_by(|a, b| b.logp.total_cmp(&a.logp));
+        }
+        let frontier: Vec<Scored> = next.into_iter().take(budget.expand).collect();
+        let nodes: Vec<usize> = frontier.iter().map(|s| s.node).collect();
+        let new_rows = rows(&all, &nodes)?;
+        if new_rows.len() != nodes.len() {
+            return Err(Error::BadModelOutput {
+                model: "draft",
+                what: "tree rows",
+                expected: nodes.len(),
+                got: new_rows.len(),
+            });
+        }
+        level = frontier.iter().zip(new_rows).map(|(s, r)| (Some(s.node), s.logp, r)).collect();
     }
-    keep_best(&all, candidates, budget.nodes)
+    Ok((keep_best(&all, candidates, budget.nodes)?, all))
 }
 
 /// The sub-tree of `all` holding the nodes `frontier` and their ancestors, and for each node

@@ -11,13 +11,15 @@ use std::sync::Arc;
 use candle_core::Device;
 
 pub use expand::expand_tree;
+pub(crate) use expand::grow;
 pub use ngram::NGramDraft;
 pub use tree::{Child, ChildPicker, DraftTree, TreeBudget};
 
 use crate::error::{Error, Result};
+use crate::heads::{EagleDraft, EagleHead, EagleVersion, HeadFiles, MedusaDraft, MedusaHead, TargetParts};
 use crate::loading::{check_compatible, ModelFiles};
 use crate::model::{DraftModel, Proposal};
-use crate::models::{Llama, LlamaWeights, WeightFormat};
+use crate::models::{Llama, Tap, WeightFormat};
 use crate::tokenizer::Tokenizer;
 
 /// Which drafter to build, as written on a command line.
@@ -32,6 +34,12 @@ pub enum DrafterSpec {
     LayerSkip(usize),
     /// `quant:TYPE`: the target's weights re-quantized at load (`q8_0`, `q4_0`, `q4k`, …).
     Quant(WeightFormat),
+    /// `eagle:PATH_OR_HUB_ID`: an EAGLE-1/2 head on the target's final hidden states.
+    Eagle(String),
+    /// `eagle3:PATH_OR_HUB_ID`: an EAGLE-3 head on three of the target's residual streams.
+    Eagle3(String),
+    /// `medusa:PATH_OR_HUB_ID`: Medusa-1 heads on the target's final hidden states.
+    Medusa(String),
 }
 
 impl FromStr for DrafterSpec {
@@ -47,7 +55,14 @@ impl FromStr for DrafterSpec {
                 .map(Self::LayerSkip)
                 .map_err(|_| Error::setting("drafter", s, "layerskip:N with N a number of blocks")),
             ("quant", Some(t)) => Ok(Self::Quant(t.parse()?)),
-            _ => Err(Error::setting("drafter", s, "model[:PATH], ngram, layerskip:N or quant:TYPE")),
+            ("eagle", Some(p)) => Ok(Self::Eagle(p.to_string())),
+            ("eagle3", Some(p)) => Ok(Self::Eagle3(p.to_string())),
+            ("medusa", Some(p)) => Ok(Self::Medusa(p.to_string())),
+            _ => Err(Error::setting(
+                "drafter",
+                s,
+                "model[:PATH], ngram, layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH or medusa:PATH",
+            )),
         }
     }
 }
@@ -60,6 +75,9 @@ impl std::fmt::Display for DrafterSpec {
             Self::NGram => write!(f, "ngram"),
             Self::LayerSkip(n) => write!(f, "layerskip:{n}"),
             Self::Quant(q) => write!(f, "quant:{q}"),
+            Self::Eagle(p) => write!(f, "eagle:{p}"),
+            Self::Eagle3(p) => write!(f, "eagle3:{p}"),
+            Self::Medusa(p) => write!(f, "medusa:{p}"),
         }
     }
 }
@@ -73,23 +91,47 @@ pub enum Drafter {
     Model(Llama),
     /// Prompt lookup.
     NGram(NGramDraft),
+    /// An EAGLE head.
+    Eagle(EagleDraft),
+    /// Medusa heads.
+    Medusa(MedusaDraft),
 }
 
 impl Drafter {
-    /// Builds the drafter `spec` for the target loaded from `files` as `target` with `tokenizer`.
+    /// Builds the drafter `spec` for `target` (loaded from `files`, with `tokenizer`). Draft
+    /// heads set the target to record the hidden states they read (see
+    /// [`Llama::record_hidden`]), which empties its context.
     ///
     /// # Errors
-    /// Loading failures; [`Error::TokenizerMismatch`] for a separate model with another tokenizer.
+    /// Loading failures; [`Error::TokenizerMismatch`] for a separate model with another
+    /// tokenizer; [`Error::HeadMismatch`] for a head made for another model.
     pub fn build(
         spec: &DrafterSpec,
         files: &ModelFiles,
-        target: &Arc<LlamaWeights>,
+        target: &mut Llama,
         tokenizer: &Tokenizer,
         device: &Device,
     ) -> Result<Self> {
+        let weights = target.weights().clone();
+        let heads = |path: &str| -> Result<(HeadFiles, TargetParts)> {
+            Ok((HeadFiles::open(path, device)?, TargetParts::read(files, device)?))
+        };
         Ok(match spec {
+            DrafterSpec::Eagle(p) | DrafterSpec::Eagle3(p) => {
+                let version =
+                    if matches!(spec, DrafterSpec::Eagle(_)) { EagleVersion::One } else { EagleVersion::Three };
+                let (head_files, parts) = heads(p)?;
+                let head = EagleHead::load(head_files, version, &parts, true)?;
+                let features = target.record_hidden(head.taps().to_vec())?;
+                Self::Eagle(EagleDraft::new(Arc::new(head), features)?)
+            }
+            DrafterSpec::Medusa(p) => {
+                let (head_files, parts) = heads(p)?;
+                let head = MedusaHead::load(head_files, &parts, true)?;
+                Self::Medusa(MedusaDraft::new(Arc::new(head), target.record_hidden(vec![Tap::Final])?)?)
+            }
             DrafterSpec::NGram => Self::NGram(NGramDraft::new(target.config().vocab_size)?),
-            DrafterSpec::LayerSkip(n) => Self::Model(Llama::with_layers(target.clone(), (0..*n).collect())?),
+            DrafterSpec::LayerSkip(n) => Self::Model(Llama::with_layers(weights, (0..*n).collect())?),
             DrafterSpec::Quant(format) => Self::Model(Llama::new(files.load(*format, device)?.0)?),
             DrafterSpec::Model(None) => Self::Model(Llama::new(files.load(WeightFormat::Stored, device)?.0)?),
             DrafterSpec::Model(Some(path)) => {
@@ -107,6 +149,8 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => DraftModel::vocab_size(m),
             Self::NGram(n) => n.vocab_size(),
+            Self::Eagle(e) => e.vocab_size(),
+            Self::Medusa(m) => m.vocab_size(),
         }
     }
 
@@ -114,6 +158,8 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.context_len(),
             Self::NGram(n) => DraftModel::context_len(n),
+            Self::Eagle(e) => e.context_len(),
+            Self::Medusa(m) => m.context_len(),
         }
     }
 
@@ -121,6 +167,8 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.propose(tokens),
             Self::NGram(n) => n.propose(tokens),
+            Self::Eagle(e) => e.propose(tokens),
+            Self::Medusa(m) => m.propose(tokens),
         }
     }
 
@@ -128,6 +176,8 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.truncate(len),
             Self::NGram(n) => DraftModel::truncate(n, len),
+            Self::Eagle(e) => e.truncate(len),
+            Self::Medusa(m) => m.truncate(len),
         }
     }
 
@@ -135,6 +185,8 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.propose_tree(tokens, budget, picker),
             Self::NGram(n) => n.propose_tree(tokens, budget, picker),
+            Self::Eagle(e) => e.propose_tree(tokens, budget, picker),
+            Self::Medusa(m) => m.propose_tree(tokens, budget, picker),
         }
     }
 }

@@ -40,3 +40,19 @@ pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
     }
     config.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
 }
+
+/// Fetches a draft head's `config.json` and its weights (`model.safetensors`, else
+/// `medusa_lm_head.safetensors`) from the hub repository `repo` and returns the folder.
+///
+/// # Errors
+/// [`Error::Hub`] when a file can be neither found in the cache nor downloaded.
+pub fn fetch_head(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
+    let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
+    let api =
+        ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
+    let model = api.model(repo.to_string());
+    let get = |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}")));
+    let config = get("config.json")?;
+    get("model.safetensors").or_else(|_| get("medusa_lm_head.safetensors"))?;
+    config.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
+}

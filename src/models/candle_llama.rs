@@ -130,8 +130,9 @@ impl Backend for CandleWeights {
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
-    ) -> Result<Vec<f32>> {
-        Ok(self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree), &[])?.0)
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree), taps)
     }
 
     fn keep_path(&self, _: &LlamaConfig, caches: &mut Vec<KvCache>, pos: usize, path: &[usize]) -> Result<()> {

@@ -92,11 +92,13 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Scores a tree in one call: token 0 (the pending token) at position `pos`, token `i` at
     /// `pos + tree.depth(i)`, each attending to the cache's first `pos` positions and to its own
     /// ancestors in the tree (itself included). Token `i`'s keys and values go to cache slot
-    /// `pos + i`; one logits row per token comes back. The caller checks, beside what
+    /// `pos + i`; one logits row per token comes back, with the hidden states `taps` names (as
+    /// in [`forward_hidden`](Backend::forward_hidden)). The caller checks, beside what
     /// [`forward`](Backend::forward) needs, that the tree has one entry per token.
     ///
     /// # Errors
     /// Backend failures.
+    #[allow(clippy::too_many_arguments)]
     fn forward_tree(
         &self,
         c: &LlamaConfig,
@@ -105,7 +107,8 @@ pub trait Backend: Debug + Send + Sync + 'static {
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
-    ) -> Result<Vec<f32>>;
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
 
     /// After a tree call at `pos`: moves the keys and values of the tokens `path` (indices into
     /// that call's tokens, root first, each the parent of the next) to slots `pos`, `pos + 1`,
@@ -182,7 +185,8 @@ pub(crate) trait Instance: Debug + Send {
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
-    ) -> Result<Vec<f32>>;
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
 
     /// As [`Backend::keep_path`] on the bound cache.
     fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()>;
@@ -214,8 +218,9 @@ impl<B: Backend> Instance for Bound<B> {
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
-    ) -> Result<Vec<f32>> {
-        self.backend.forward_tree(c, &mut self.cache, layers, pos, tokens, tree)
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        self.backend.forward_tree(c, &mut self.cache, layers, pos, tokens, tree, taps)
     }
 
     fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()> {

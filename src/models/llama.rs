@@ -11,6 +11,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
+use crate::heads::features::{interleave, Features};
 use crate::model::{Logits, TargetModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
@@ -94,6 +95,8 @@ pub struct Llama {
     len: usize,
     /// The last call's tree, while its path may still be kept.
     tree: Option<TreeShape>,
+    /// The hidden states recorded for a draft head, and where they are tapped.
+    record: Option<(Vec<Tap>, Features)>,
 }
 
 impl Llama {
@@ -121,7 +124,7 @@ impl Llama {
             ));
         }
         let instance = Arc::clone(&weights.backend).instance(c, layers.len())?;
-        Ok(Self { weights, layers, instance, len: 0, tree: None })
+        Ok(Self { weights, layers, instance, len: 0, tree: None, record: None })
     }
 
     /// The shared weights.
@@ -156,7 +159,40 @@ impl Llama {
         }
         self.len = len;
         self.tree = None;
+        if let Some((_, f)) = &self.record {
+            f.truncate(len);
+        }
         Ok(())
+    }
+
+    /// From now on, records the hidden states `taps` names for every token the model
+    /// processes (their rows concatenated per token, in the order of `taps`), in step with
+    /// its roll-backs, for a draft head to read: [`Tap::Final`] for EAGLE-1/2 and Medusa, three
+    /// [`Tap::Residual`]s for EAGLE-3. The log starts empty; feed the context again (or
+    /// [`truncate`](Self::truncate) to 0 and start over) before a head reads it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for no taps or a [`Tap::Residual`] past the blocks this model
+    /// runs.
+    pub fn record_hidden(&mut self, taps: Vec<Tap>) -> Result<Features> {
+        self.check_taps(&taps)?;
+        if taps.is_empty() {
+            return Err(Error::setting("hidden-state taps", "none", "at least one"));
+        }
+        let features = Features::new(taps.len() * self.weights.config.hidden_size);
+        features.truncate(0);
+        self.len = 0;
+        self.record = Some((taps, features.clone()));
+        Ok(features)
+    }
+
+    fn check_taps(&self, taps: &[Tap]) -> Result<()> {
+        match taps.iter().find(|t| matches!(t, Tap::Residual(i) if *i > self.layers.len())) {
+            Some(Tap::Residual(i)) => {
+                Err(Error::setting("hidden-state tap", i, "a block index of the model, or the number of blocks"))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Scores a tree of tokens after the context in one call: `tokens[0]` follows the context,
@@ -180,7 +216,11 @@ impl Llama {
         if c.sliding_window.is_some_and(|w| deepest + 1 >= w) {
             return Err(Error::setting("tree depth", deepest, "less than the sliding window minus one"));
         }
-        let data = self.instance.forward_tree(c, &self.layers, self.len, tokens, tree)?;
+        let taps = self.record.as_ref().map_or(&[][..], |(t, _)| &t[..]);
+        let (data, hidden) = self.instance.forward_tree(c, &self.layers, self.len, tokens, tree, taps)?;
+        if let Some((_, f)) = &self.record {
+            f.set_tree(interleave(&hidden, tokens.len()));
+        }
         self.tree = Some(tree.clone());
         Logits::new(data, c.vocab_size)
     }
@@ -200,6 +240,9 @@ impl Llama {
             return Err(Error::setting("kept path", format!("{path:?}"), "a path from the tree's root"));
         }
         self.instance.keep_path(&self.weights.config, self.len, path)?;
+        if let Some((_, f)) = &self.record {
+            f.keep_path(self.len, path);
+        }
         self.len += path.len();
         Ok(())
     }
@@ -212,16 +255,31 @@ impl Llama {
     /// As [`TargetModel::forward`]; [`Error::InvalidSetting`] for a [`Tap::Residual`] past the
     /// blocks this model runs.
     pub fn forward_hidden(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Logits, Vec<Vec<f32>>)> {
-        if let Some(Tap::Residual(i)) = taps.iter().find(|t| matches!(t, Tap::Residual(i) if *i > self.layers.len())) {
-            return Err(Error::setting("hidden-state tap", i, "a block index of the model, or the number of blocks"));
-        }
+        self.check_taps(taps)?;
         if !self.start_forward(tokens, rows)? {
             return Ok((Logits::new(Vec::new(), self.weights.config.vocab_size)?, vec![Vec::new(); taps.len()]));
         }
+        let (data, mut hidden) = self.run(tokens, rows, taps)?;
+        hidden.truncate(taps.len());
+        Ok((Logits::new(data, self.weights.config.vocab_size)?, hidden))
+    }
+
+    /// One forward pass with the hidden states `taps` names, then those the log records (the
+    /// log's rows written); the context grows by `tokens`.
+    fn run(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let c = &self.weights.config;
-        let (data, hidden) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, taps)?;
+        let mut all = taps.to_vec();
+        if let Some((t, _)) = &self.record {
+            all.extend_from_slice(t);
+        }
+        // On failure `len` stays, and the next call overwrites whatever this one wrote.
+        let (data, mut hidden) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, &all)?;
+        if let Some((_, f)) = &self.record {
+            f.write(self.len, &interleave(&hidden[taps.len()..], tokens.len()));
+        }
+        hidden.truncate(taps.len());
         self.len += tokens.len();
-        Ok((Logits::new(data, c.vocab_size)?, hidden))
+        Ok((data, hidden))
     }
 
     /// The checks before a forward call; false when there is nothing to run.
@@ -260,11 +318,8 @@ impl TargetModel for Llama {
         if !self.start_forward(tokens, rows)? {
             return Logits::new(Vec::new(), self.weights.config.vocab_size);
         }
-        let c = &self.weights.config;
-        // On failure `len` stays, and the next call overwrites whatever this one wrote.
-        let (data, _) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, &[])?;
-        self.len += tokens.len();
-        Logits::new(data, c.vocab_size)
+        let (data, _) = self.run(tokens, rows, &[])?;
+        Logits::new(data, self.weights.config.vocab_size)
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {

@@ -262,8 +262,9 @@ impl Backend for NativeWeights {
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
-    ) -> Result<Vec<f32>> {
-        Ok(self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree), &[])?.0)
+        taps: &[Tap],
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree), taps)
     }
 
     fn keep_path(&self, c: &LlamaConfig, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {

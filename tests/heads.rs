@@ -1,0 +1,311 @@
+//! Draft heads on real weights: they load from the published formats, draft what their
+//! unrolled training pass computes, keep greedy speculative output equal to plain decoding,
+//! and refuse heads made for another model with a typed error.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use common::heads::{temp_dir, trained_heads, write_eagle1, write_eagle3, write_medusa};
+use common::models::{model_path, STORIES};
+use specdec::heads::{EagleDraft, EagleHead, EagleVersion, Features, HeadFiles, TargetParts};
+use specdec::{
+    DraftModel, Drafter, DrafterSpec, Llama, ModelFiles, PlainDecoder, Proposal, Result, SamplingConfig,
+    SpeculativeDecoder, TargetModel, TreeBudget, TreePolicy, WeightFormat,
+};
+
+const TOKENS: [u32; 9] = [1, 403, 407, 261, 378, 300, 290, 301, 270];
+
+fn argmax(row: &[f32]) -> u32 {
+    specdec::sampling::argmax(row).expect("row")
+}
+
+#[test]
+fn eagle_drafts_what_its_unrolled_pass_computes() -> Result<()> {
+    let Some(path) = model_path(STORIES) else { return Ok(()) };
+    let files = ModelFiles::Gguf(path);
+    let (w, _) = files.load(WeightFormat::F32, &Device::Cpu)?;
+    let parts = TargetParts::read(&files, &Device::Cpu)?;
+    for version in [EagleVersion::One, EagleVersion::Three] {
+        let dir = temp_dir(&format!("unroll-{version:?}"));
+        match version {
+            EagleVersion::One => write_eagle1(&dir, w.config(), true),
+            EagleVersion::Three => {
+                write_eagle3(&dir, w.config(), &(0..w.config().vocab_size as u32).step_by(2).collect::<Vec<_>>())
+            }
+        }
+        let head = Arc::new(EagleHead::load(
+            HeadFiles::open(dir.to_str().unwrap_or_default(), &Device::Cpu)?,
+            version,
+            &parts,
+            false,
+        )?);
+        // The target's states for the whole sequence.
+        let mut target = Llama::new(w.clone())?;
+        let features = target.record_hidden(head.taps().to_vec())?;
+        target.forward(&TOKENS, 0)?;
+        let width = features.width();
+        let all = features.rows(0, TOKENS.len())?;
+        let levels = head.unroll(&TOKENS, &Tensor::from_vec(all.clone(), (TOKENS.len(), width), &Device::Cpu)?, 3)?;
+        let rows: Vec<Vec<Vec<f32>>> = levels.iter().map(|l| head.logits(l)).collect::<Result<_>>()?;
+        // Draft from position p with the target's states through token p − 1, fed the true
+        // tokens: depth d must be level d's row p − 1.
+        for p in [2usize, 5] {
+            let log = Features::from_rows(width, all[..p * width].to_vec());
+            let mut draft = EagleDraft::new(head.clone(), log)?;
+            let mut feed = TOKENS[..=p].to_vec();
+            for (d, level) in rows.iter().enumerate() {
+                let Proposal::Logits(row) = draft.propose(&feed)? else { panic!("no proposal") };
+                let want = &level[p - 1];
+                let err = row.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(err < 1e-3, "{version:?}, position {p}, depth {}: max difference {err}", d + 1);
+                assert_eq!(argmax(&row), argmax(want));
+                feed = vec![TOKENS[p + d + 1]];
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The stories model (f32) and its parts, or `None` to skip.
+fn stories() -> Result<Option<(ModelFiles, Arc<specdec::LlamaWeights>, TargetParts)>> {
+    let Some(path) = model_path(STORIES) else { return Ok(None) };
+    let files = ModelFiles::Gguf(path);
+    let (w, _) = files.load(WeightFormat::F32, &Device::Cpu)?;
+    let parts = TargetParts::read(&files, &Device::Cpu)?;
+    Ok(Some((files, w, parts)))
+}
+
+/// One random head of each kind for `c`, as drafter specs.
+fn random_heads(c: &specdec::LlamaConfig, tag: &str) -> Vec<DrafterSpec> {
+    let dirs: Vec<(PathBuf, &str)> =
+        ["eagle", "eagle3", "medusa", "medusa-own"].iter().map(|k| (temp_dir(&format!("{tag}-{k}")), *k)).collect();
+    let used: Vec<u32> = (0..c.vocab_size as u32).filter(|t| t % 3 != 1).collect();
+    dirs.iter()
+        .map(|(dir, kind)| {
+            let p = dir.to_string_lossy().into_owned();
+            match *kind {
+                "eagle" => {
+                    write_eagle1(dir, c, false);
+                    DrafterSpec::Eagle(p)
+                }
+                "eagle3" => {
+                    write_eagle3(dir, c, &used);
+                    DrafterSpec::Eagle3(p)
+                }
+                "medusa" => {
+                    write_medusa(dir, c, 3, false);
+                    DrafterSpec::Medusa(p)
+                }
+                _ => {
+                    write_medusa(dir, c, 2, true);
+                    DrafterSpec::Medusa(p)
+                }
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
+    let Some((files, w, _)) = stories()? else { return Ok(()) };
+    let tok = files.load(WeightFormat::F32, &Device::Cpu)?.1;
+    let prompt = [1u32, 403, 407, 261, 378];
+    let plain =
+        PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(40).generate(&prompt)?;
+    let shapes = [
+        TreePolicy::Never,
+        TreePolicy::Always(TreeBudget::new(2, 4, 8, 1)?),
+        TreePolicy::Always(TreeBudget::new(3, 4, 10, 2)?),
+    ];
+    for spec in random_heads(w.config(), "greedy") {
+        for (k, tree) in [(1, shapes[0]), (4, shapes[0]), (4, shapes[1]), (4, shapes[2])] {
+            let mut target = Llama::new(w.clone())?;
+            let drafter = Drafter::build(&spec, &files, &mut target, &tok, &Device::Cpu)?;
+            let mut dec = SpeculativeDecoder::builder(drafter, target).k(k).tree(tree).max_new_tokens(40).build()?;
+            // Twice: the second generation starts over on a target that has recorded before.
+            for _ in 0..2 {
+                let out = dec.generate(&prompt)?;
+                assert_eq!(out.tokens, plain.tokens, "{spec}, k {k}, {tree}");
+                assert!(out.stats.drafted > 0, "{spec}, k {k}, {tree}: nothing drafted");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The exact distribution of generated tokens `start..start + len` when `target` samples with
+/// `cfg` after `prompt`, found by walking every path of positive probability.
+fn exact_windows(
+    target: &mut Llama,
+    cfg: &SamplingConfig,
+    prompt: &[u32],
+    start: usize,
+    len: usize,
+) -> Result<HashMap<Vec<u32>, f64>> {
+    fn walk(
+        m: &mut Llama,
+        cfg: &SamplingConfig,
+        row: Vec<f32>,
+        path: &mut Vec<u32>,
+        w: f64,
+        (start, len): (usize, usize),
+        out: &mut HashMap<Vec<u32>, f64>,
+    ) -> Result<()> {
+        if path.len() == start + len {
+            *out.entry(path[start..].to_vec()).or_default() += w;
+            return Ok(());
+        }
+        let mut probs = Vec::new();
+        cfg.probs(&row, &mut probs)?;
+        let total: f64 = probs.iter().map(|&p| f64::from(p)).sum();
+        for (t, &p) in probs.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+            let at = TargetModel::context_len(m);
+            let next = m.forward(&[t as u32], 1)?.into_last_row();
+            path.push(t as u32);
+            walk(m, cfg, next, path, w * f64::from(p) / total, (start, len), out)?;
+            path.pop();
+            m.truncate(at)?;
+        }
+        Ok(())
+    }
+    target.truncate(0)?;
+    let row = target.forward(prompt, 1)?.into_last_row();
+    let mut out = HashMap::new();
+    walk(target, cfg, row, &mut Vec::new(), 1.0, (start, len), &mut out)?;
+    Ok(out)
+}
+
+/// Runs `samples` generations and checks windows 0..2 and 2..4 of the output against the
+/// target alone (`check`: fit; else the statistic must reject). Returns (drafted, accepted).
+fn check_head_windows<D: DraftModel, T: TargetModel>(
+    what: &str,
+    dec: &mut SpeculativeDecoder<D, T>,
+    exact: &[HashMap<Vec<u32>, f64>],
+    prompt: &[u32],
+    samples: usize,
+    check: bool,
+) -> Result<(usize, usize)> {
+    let mut counts: Vec<HashMap<Vec<u32>, u64>> = vec![HashMap::new(); exact.len()];
+    let (mut drafted, mut accepted) = (0, 0);
+    for _ in 0..samples {
+        let out = dec.generate(prompt)?;
+        for (w, c) in counts.iter_mut().enumerate() {
+            *c.entry(out.tokens[2 * w..2 * w + 2].to_vec()).or_default() += 1;
+        }
+        drafted += out.stats.drafted;
+        accepted += out.stats.accepted;
+    }
+    for (w, (c, e)) in counts.iter().zip(exact).enumerate() {
+        // Cells: the exact support, then one of probability 0 for anything outside it.
+        let keys: Vec<&Vec<u32>> = e.keys().collect();
+        let mut cells: Vec<u64> = keys.iter().map(|k| c.get(*k).copied().unwrap_or(0)).collect();
+        cells.push(c.iter().filter(|(k, _)| !e.contains_key(*k)).map(|(_, n)| n).sum());
+        let mut probs: Vec<f64> = keys.iter().map(|k| e[*k]).collect();
+        probs.push(0.0);
+        let name = format!("{what}, tokens {}..{}", 2 * w, 2 * w + 2);
+        if check {
+            common::assert_fits(&name, &cells, &probs);
+        } else if w == 0 {
+            common::assert_rejects(&name, &cells, &probs);
+        }
+    }
+    Ok((drafted, accepted))
+}
+
+const SAMPLES: usize = 1500;
+
+/// A prompt after which the stories model's next tokens are far from certain ("R…": its top
+/// three tokens at the first two positions each hold 24–42 % under top-k 3).
+const PROMPT: [u32; 2] = [1, 461];
+
+#[test]
+fn sampled_speculation_with_heads_follows_the_target() -> Result<()> {
+    let Some((files, w, _)) = stories()? else { return Ok(()) };
+    let tok = files.load(WeightFormat::F32, &Device::Cpu)?.1;
+    let prompt = PROMPT;
+    let settings = [
+        ("top-k 3", SamplingConfig::new(1.0)?.with_top_k(3)?),
+        ("temperature 0.7, top-k 5", SamplingConfig::new(0.7)?.with_top_k(5)?),
+        ("top-p 0.9", SamplingConfig::new(1.0)?.with_top_p(0.9)?),
+    ];
+    let heads = trained_heads(&files, "sampled", 60)?;
+    let mut oracle = Llama::new(w.clone())?;
+    for (i, (name, cfg)) in settings.iter().enumerate() {
+        let exact = [exact_windows(&mut oracle, cfg, &prompt, 0, 2)?, exact_windows(&mut oracle, cfg, &prompt, 2, 2)?];
+        // A chain of an EAGLE-1 head, EAGLE-2 trees of an EAGLE-3 head, Medusa trees.
+        let runs = [
+            (&heads[0], TreePolicy::Never),
+            (&heads[1], TreePolicy::Always(TreeBudget::new(2, 3, 6, 2)?)),
+            (&heads[2], TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?)),
+        ];
+        for (j, (spec, tree)) in runs.into_iter().enumerate() {
+            let mut target = Llama::new(w.clone())?;
+            let drafter = Drafter::build(spec, &files, &mut target, &tok, &Device::Cpu)?;
+            let seed = 1000 + 10 * i as u64 + j as u64;
+            let mut dec = SpeculativeDecoder::builder(drafter, target)
+                .k(3)
+                .tree(tree)
+                .sampling(cfg.clone().with_seed(seed))
+                .max_new_tokens(4)
+                .build()?;
+            let what = format!("{spec} ({tree}), {name}");
+            let (drafted, accepted) = check_head_windows(&what, &mut dec, &exact, &prompt, SAMPLES, true)?;
+            assert!(accepted > 0 && accepted < drafted, "{what}: {accepted} of {drafted} drafts accepted");
+        }
+    }
+    Ok(())
+}
+
+/// A target whose logits are nudged: decoding follows it, not the model it wraps. The
+/// statistic must tell the two apart with the samples the tests above draw.
+struct Nudged(Llama);
+
+impl TargetModel for Nudged {
+    fn vocab_size(&self) -> usize {
+        TargetModel::vocab_size(&self.0)
+    }
+
+    fn context_len(&self) -> usize {
+        TargetModel::context_len(&self.0)
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<specdec::Logits> {
+        let logits = self.0.forward(tokens, rows)?;
+        let v = logits.vocab();
+        let mut data = logits.as_slice().to_vec();
+        for row in data.chunks_exact_mut(v) {
+            // Half a nat more for the second most likely token.
+            let mut order: Vec<usize> = (0..v).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            row[order[1]] += 0.5;
+        }
+        specdec::Logits::new(data, v)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TargetModel::truncate(&mut self.0, len)
+    }
+}
+
+#[test]
+fn head_power_a_nudged_target_is_rejected() -> Result<()> {
+    let Some((files, w, _)) = stories()? else { return Ok(()) };
+    let tok = files.load(WeightFormat::F32, &Device::Cpu)?.1;
+    let prompt = PROMPT;
+    let cfg = SamplingConfig::new(1.0)?.with_top_k(3)?;
+    let exact = [exact_windows(&mut Llama::new(w.clone())?, &cfg, &prompt, 0, 2)?];
+    let spec = &trained_heads(&files, "power", 60)?[0];
+    let mut target = Llama::new(w.clone())?;
+    let drafter = Drafter::build(spec, &files, &mut target, &tok, &Device::Cpu)?;
+    let mut dec = SpeculativeDecoder::builder(drafter, Nudged(target))
+        .k(3)
+        .sampling(cfg.with_seed(6))
+        .max_new_tokens(4)
+        .build()?;
+    check_head_windows("EAGLE head, nudged target", &mut dec, &exact, &prompt, SAMPLES, false)?;
+    Ok(())
+}
