@@ -200,6 +200,8 @@ fn report(
         s.cost_ratio(),
         s.predicted_speedup()
     );
+    let by_depth: Vec<String> = s.acceptance_by_depth().iter().map(|a| format!("{a:.2}")).collect();
+    println!("acceptance by drafting depth: {}", by_depth.join(" "));
     match greedy_match {
         Some(true) => println!("greedy match: the speculative text equals plain decoding"),
         Some(false) => println!("greedy match: NO\nplain text: {}", tok.decode(&plain.tokens)?),

@@ -24,7 +24,8 @@ struct Args {
     /// Target model (.gguf, HF folder or hub id); default: the fetched SmolLM2-135M-Instruct.
     #[arg(long)]
     target: Option<String>,
-    /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE.
+    /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE, and draft heads
+    /// eagle:PATH, eagle3:PATH, medusa:PATH (scripts/train-heads.sh trains them).
     #[arg(long, default_value = "model,quant:q8_0,quant:q4_0,ngram")]
     drafters: String,
     /// Values of k, comma-separated: N, auto, grow.
@@ -187,8 +188,11 @@ fn main() -> Result<()> {
                     "predicted_speedup_with_v": predicted_speedup_with_verify(kbar, alpha, c_plain, v),
                     "rss_plain_mb": rss_plain, "rss_spec_mb": rss_spec, "greedy_match": greedy_match,
                     "tree_rounds": total.tree_rounds, "rounds": total.target_calls,
+                    "acceptance_by_depth": total.acceptance_by_depth(),
                     "measured_tok_s_chain_tree": dec.shape_chooser().rates(),
                 });
+                let by_depth: Vec<String> = total.acceptance_by_depth().iter().map(|a| format!("{a:.2}")).collect();
+                eprintln!("  {spec}: acceptance by depth {}", by_depth.join(" "));
                 if total.tree_rounds > 0 {
                     let (chain, tree) = dec.shape_chooser().rates();
                     eprintln!("  {} of {} rounds drafted trees; rounds measured at {chain:.1} tok/s (chain), {tree:.1} (tree)", total.tree_rounds, total.target_calls);

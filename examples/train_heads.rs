@@ -17,7 +17,7 @@ use candle_core::{Device, Tensor};
 use clap::Parser;
 use serde_json::json;
 use specdec::heads::train::{self, HeadKind, Sample, TrainOptions, Trainable, Vocab};
-use specdec::heads::{EagleVersion, TargetParts};
+use specdec::heads::{EagleVersion, OutputHead, TargetParts};
 use specdec::models::Tap;
 use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat};
 
@@ -56,6 +56,9 @@ struct Args {
     /// Passes for the Medusa heads (default: --epochs).
     #[arg(long)]
     medusa_epochs: Option<usize>,
+    /// Score against the target's top-1 only, not its whole next-token distribution.
+    #[arg(long)]
+    hard_labels: bool,
     /// Also train an EAGLE-3 head (over the data's tokens as its draft vocabulary).
     #[arg(long)]
     eagle3: bool,
@@ -116,6 +119,7 @@ fn main() -> Result<()> {
         unroll: args.unroll,
         ce_weight: args.ce_weight,
         noise: args.noise,
+        soft: !args.hard_labels,
         seed: args.seed,
     };
     let eagle = train_head(&args, HeadKind::Eagle(EagleVersion::One), &parts, &vocab, &train, &held, &o)?;
@@ -242,7 +246,14 @@ fn train_head(
     if let Some(e) = head.eagle(&cut)? {
         train::fit(&head, train.len(), o, |i, rng| train::eagle_loss(&e, &train[i], &labels[i], o, rng), &mut report)?;
     } else if let Some(m) = head.medusa(&cut)? {
-        train::fit(&head, train.len(), o, |i, _| train::medusa_loss(&m, &train[i], &labels[i]), &mut report)?;
+        let teacher = OutputHead::Dense(cut.output.clone());
+        train::fit(
+            &head,
+            train.len(),
+            o,
+            |i, _| train::medusa_loss(&m, &teacher, &train[i], &labels[i], o),
+            &mut report,
+        )?;
     }
     let path = args.out.join(dir);
     let bytes = head.save(&path)?;

@@ -38,6 +38,9 @@ pub struct Stats {
     pub target_secs: f64,
     /// Seconds from the end of the prefill to the last token.
     pub decode_secs: f64,
+    /// Per drafting depth (index 0: the first drafted token): how many rounds reached it (every
+    /// earlier depth accepted, a draft there) and how many of those accepted it.
+    pub by_depth: Vec<(usize, usize)>,
 }
 
 impl Stats {
@@ -52,6 +55,23 @@ impl Stats {
     /// after a rejection are never tested.
     pub fn position_acceptance(&self) -> f64 {
         ratio(self.accepted, self.accepted + self.rejections)
+    }
+
+    /// Acceptance at each drafting depth, given that the round got there: α₁, α₂, ….
+    pub fn acceptance_by_depth(&self) -> Vec<f64> {
+        self.by_depth.iter().map(|&(reached, accepted)| ratio(accepted, reached)).collect()
+    }
+
+    /// Counts a round that drafted `depth` levels and accepted `accepted` tokens.
+    pub(crate) fn record_depths(&mut self, depth: usize, accepted: usize) {
+        let reached = (accepted + 1).min(depth);
+        if self.by_depth.len() < reached {
+            self.by_depth.resize(reached, (0, 0));
+        }
+        for (d, entry) in self.by_depth.iter_mut().enumerate().take(reached) {
+            entry.0 += 1;
+            entry.1 += usize::from(d < accepted);
+        }
     }
 
     /// New tokens per target call.
@@ -101,6 +121,7 @@ impl Stats {
                 "cost_ratio": self.cost_ratio(),
                 "tokens_per_sec": self.tokens_per_sec(),
                 "predicted_speedup": self.predicted_speedup(),
+                "acceptance_by_depth": self.acceptance_by_depth(),
             });
             if let Value::Object(d) = derived {
                 m.extend(d);
@@ -124,6 +145,13 @@ impl std::ops::AddAssign<&Stats> for Stats {
         self.draft_secs += o.draft_secs;
         self.target_secs += o.target_secs;
         self.decode_secs += o.decode_secs;
+        if self.by_depth.len() < o.by_depth.len() {
+            self.by_depth.resize(o.by_depth.len(), (0, 0));
+        }
+        for (a, b) in self.by_depth.iter_mut().zip(&o.by_depth) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
     }
 }
 

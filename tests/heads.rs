@@ -309,3 +309,126 @@ fn head_power_a_nudged_target_is_rejected() -> Result<()> {
     check_head_windows("EAGLE head, nudged target", &mut dec, &exact, &prompt, SAMPLES, false)?;
     Ok(())
 }
+
+/// What building `spec` for the stories model gives.
+fn build(files: &ModelFiles, w: &Arc<specdec::LlamaWeights>, spec: DrafterSpec) -> Result<Drafter> {
+    let tok = files.load(WeightFormat::F32, &Device::Cpu)?.1;
+    Drafter::build(&spec, files, &mut Llama::new(w.clone())?, &tok, &Device::Cpu)
+}
+
+#[test]
+fn heads_that_do_not_fit_are_typed_errors() -> Result<()> {
+    let Some((files, w, _)) = stories()? else { return Ok(()) };
+    let c = w.config().clone();
+    let path = |d: &PathBuf| d.to_string_lossy().into_owned();
+    let mismatch = |r: Result<Drafter>, what: &str| match r {
+        Err(specdec::Error::HeadMismatch { .. }) => {}
+        other => panic!("{what}: expected a head mismatch, got {other:?}"),
+    };
+    // A head for a wider model, and one for another vocabulary.
+    let wide =
+        specdec::LlamaConfig { hidden_size: c.hidden_size * 2, intermediate_size: c.intermediate_size, ..c.clone() };
+    let dir = temp_dir("err-wide");
+    write_eagle1(&dir, &wide, false);
+    mismatch(build(&files, &w, DrafterSpec::Eagle(path(&dir))), "wider EAGLE head");
+    let other_vocab = specdec::LlamaConfig { vocab_size: c.vocab_size + 8, ..c.clone() };
+    let dir = temp_dir("err-vocab");
+    write_eagle1(&dir, &other_vocab, false);
+    mismatch(build(&files, &w, DrafterSpec::Eagle(path(&dir))), "EAGLE head for another vocabulary");
+    let dir = temp_dir("err-medusa");
+    write_medusa(&dir, &wide, 2, false);
+    mismatch(build(&files, &w, DrafterSpec::Medusa(path(&dir))), "wider Medusa heads");
+    // An EAGLE-3 head read as EAGLE-1 (its fc is three states wide), and one whose `d2t`
+    // points outside the vocabulary.
+    let dir = temp_dir("err-eagle3");
+    write_eagle3(&dir, &c, &[0, 5, 9]);
+    mismatch(build(&files, &w, DrafterSpec::Eagle(path(&dir))), "EAGLE-3 head read as EAGLE-1");
+    assert!(build(&files, &w, DrafterSpec::Eagle3(path(&dir))).is_ok(), "the same head read as EAGLE-3");
+    let dir = temp_dir("err-d2t");
+    write_eagle3(&dir, &c, &[0, 5, c.vocab_size as u32 + 3]);
+    mismatch(build(&files, &w, DrafterSpec::Eagle3(path(&dir))), "d2t past the vocabulary");
+    // Corrupt and missing files.
+    let dir = temp_dir("err-corrupt");
+    write_eagle1(&dir, &c, false);
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file)?;
+    std::fs::write(&file, &bytes[..bytes.len() / 2])?;
+    assert!(matches!(build(&files, &w, DrafterSpec::Eagle(path(&dir))), Err(specdec::Error::Load { .. })));
+    std::fs::remove_file(&file)?;
+    std::fs::write(dir.join("pytorch_model.bin"), b"not read")?;
+    match build(&files, &w, DrafterSpec::Eagle(path(&dir))) {
+        Err(specdec::Error::Load { reason, .. }) => assert!(reason.contains("safetensors"), "{reason}"),
+        other => panic!("a pickle-only head: {other:?}"),
+    }
+    let dir = temp_dir("err-missing");
+    write_eagle1(&dir, &c, false);
+    let mut st = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
+    st.remove("layers.0.mlp.down_proj.weight");
+    candle_core::safetensors::save(&st, dir.join("model.safetensors"))?;
+    assert!(matches!(build(&files, &w, DrafterSpec::Eagle(path(&dir))), Err(specdec::Error::MissingTensor(_))));
+    assert!(matches!(
+        build(&files, &w, DrafterSpec::Eagle("no/such/head/here".into())),
+        Err(specdec::Error::Load { .. })
+    ));
+    assert!(matches!(
+        build(&files, &w, DrafterSpec::Medusa(path(&temp_dir("err-empty")))),
+        Err(specdec::Error::Load { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_head_without_the_targets_states_is_a_typed_error_and_the_decoder_recovers() -> Result<()> {
+    let Some((_, w, parts)) = stories()? else { return Ok(()) };
+    let dir = temp_dir("err-states");
+    write_eagle1(&dir, w.config(), false);
+    let head = Arc::new(EagleHead::load(
+        HeadFiles::open(&dir.to_string_lossy(), &Device::Cpu)?,
+        EagleVersion::One,
+        &parts,
+        true,
+    )?);
+    // Rows of the wrong width.
+    assert!(matches!(
+        EagleDraft::new(head.clone(), Features::from_rows(3, Vec::new())),
+        Err(specdec::Error::HeadMismatch { .. })
+    ));
+    // A log no target writes: the head has nothing to read.
+    let log = Features::from_rows(w.config().hidden_size, Vec::new());
+    let mut dec = SpeculativeDecoder::builder(EagleDraft::new(head, log)?, Llama::new(w.clone())?)
+        .k(3)
+        .max_new_tokens(8)
+        .build()?;
+    assert!(matches!(dec.generate(&PROMPT), Err(specdec::Error::NotReady(_))));
+    // The decoder is still usable: the same call fails the same typed way, not with a panic.
+    assert!(matches!(dec.generate(&PROMPT), Err(specdec::Error::NotReady(_))));
+    Ok(())
+}
+
+#[test]
+fn heads_resolve_from_the_hub_cache() -> Result<()> {
+    let Some((files, w, _)) = stories()? else { return Ok(()) };
+    let cache = temp_dir("hub-heads");
+    let rev = "0123456789abcdef0123456789abcdef01234567";
+    for (repo, medusa) in [("specdec/eagle-head", false), ("specdec/medusa-head", true)] {
+        let root = cache.join(format!("models--{}", repo.replace('/', "--")));
+        std::fs::create_dir_all(root.join("refs"))?;
+        std::fs::write(root.join("refs/main"), rev)?;
+        let snapshot = root.join("snapshots").join(rev);
+        std::fs::create_dir_all(&snapshot)?;
+        match medusa {
+            false => write_eagle1(&snapshot, w.config(), true),
+            true => write_medusa(&snapshot, w.config(), 2, true),
+        }
+        let fetched = specdec::loading::hub::fetch_head(repo, Some(cache.clone()))?;
+        assert_eq!(fetched, snapshot);
+        let spec = if medusa { DrafterSpec::Medusa(path_of(&fetched)) } else { DrafterSpec::Eagle(path_of(&fetched)) };
+        assert!(build(&files, &w, spec).is_ok(), "{repo}");
+    }
+    assert!(matches!(specdec::loading::hub::fetch_head("specdec/not-there", Some(cache)), Err(specdec::Error::Hub(_))));
+    Ok(())
+}
+
+fn path_of(p: &std::path::Path) -> String {
+    p.to_string_lossy().into_owned()
+}

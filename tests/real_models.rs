@@ -8,10 +8,10 @@ mod common;
 use std::sync::Arc;
 
 use candle_core::Device;
-use common::models::{model_path, GEMMA3, SMOLLM2, STORIES};
+use common::models::{head_path, model_path, GEMMA3, SMOLLM2, STORIES};
 use specdec::{
-    Drafter, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig,
-    SpeculativeDecoder, TargetModel, Tokenizer, TreeBudget, TreePolicy, WeightFormat,
+    Drafter, DrafterSpec, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result,
+    SamplingConfig, SpeculativeDecoder, TargetModel, Tokenizer, TreeBudget, TreePolicy, WeightFormat,
 };
 
 fn device() -> Device {
@@ -260,6 +260,35 @@ fn native_and_candle_engines_agree() -> Result<()> {
         let (la, lb) = (a.forward(rest, 5)?, b.forward(rest, 5)?);
         let d = rel_diff(la.as_slice(), lb.as_slice());
         assert!(d <= 1e-4, "{name}: engines differ by {d:e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn smollm2_greedy_speculation_with_trained_heads_equals_plain() -> Result<()> {
+    let Some(path) = model_path(SMOLLM2) else { return Ok(()) };
+    let files = ModelFiles::Gguf(path);
+    let (w, tok) = files.load(WeightFormat::F32, &device())?;
+    let prompts = ["Explain how a refrigerator works, step by step.", "List ten fruits and one fact about each."];
+    for kind in ["eagle", "eagle3", "medusa"] {
+        let Some(dir) = head_path(kind) else { continue };
+        let spec: DrafterSpec = format!("{kind}:{}", dir.display()).parse()?;
+        for tree in [
+            TreePolicy::Never,
+            TreePolicy::Always(TreeBudget::new(2, 5, 10, 1)?),
+            TreePolicy::Always(TreeBudget::new(3, 4, 12, 3)?),
+        ] {
+            let mut target = Llama::new(w.clone())?;
+            let drafter = Drafter::build(&spec, &files, &mut target, &tok, &device())?;
+            let mut dec = SpeculativeDecoder::builder(drafter, target).k(4).tree(tree).max_new_tokens(32).build()?;
+            let mut plain = PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(32);
+            for p in prompts {
+                let ids = prompt_ids(&tok, &tok.chat_prompt(p));
+                let (out, want) = (dec.generate(&ids)?, plain.generate(&ids)?);
+                assert_same(&format!("{spec}, {tree}, {p}"), &out, &want, &tok);
+                assert!(out.stats.accepted > 0, "{spec}, {tree}: the trained head never drafted right");
+            }
+        }
     }
     Ok(())
 }

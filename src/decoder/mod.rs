@@ -393,6 +393,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.stats.drafted += drafted.len();
         self.stats.accepted += verdict.accepted;
         self.stats.rejections += usize::from(verdict.accepted < drafted.len());
+        self.stats.record_depths(drafted.len(), verdict.accepted);
         // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
         self.target.truncate(n + verdict.accepted)?;
         if self.draft.context_len() > n + verdict.accepted {

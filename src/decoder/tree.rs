@@ -35,6 +35,8 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.stats.tree_rounds += 1;
         let at = path.path.last().copied();
         self.stats.rejections += usize::from(tree.parents().contains(&at));
+        let deepest = shape_depth(&tree);
+        self.stats.record_depths(deepest, accepted);
         // The drafter may hold drafted tokens of the tree's first path: those the accepted path
         // shares are right.
         let shared = tree.first_path().iter().zip(&path.path).take_while(|(a, b)| a == b).count();
@@ -103,4 +105,9 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         };
         Ok((tokens, verdict))
     }
+}
+
+/// How many levels a drafted tree has.
+fn shape_depth(tree: &DraftTree) -> usize {
+    tree.shape().map_or(0, |s| (0..s.len()).map(|i| s.depth(i)).max().unwrap_or(0))
 }

@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::layer::{f32_on, LayerShape};
 use crate::error::{Error, Result};
+use crate::loading::safetensors::open_folder;
 
 /// The fields of a head's `config.json` this crate reads (EAGLE-1, EAGLE-3 and Medusa
 /// heads write llama-style configs; Medusa adds its own two fields).
@@ -131,24 +131,7 @@ impl HeadFiles {
             });
         };
         let fail = |reason: String| Error::Load { path: dir.clone(), reason };
-        let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| fail(format!("config.json: {e}")))?;
-        let config: HeadConfig = serde_json::from_str(&text).map_err(|e| fail(format!("config.json: {e}")))?;
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            let reason = if dir.join("pytorch_model.bin").exists() {
-                "only pytorch_model.bin: convert it to model.safetensors (this crate reads safetensors only)"
-            } else {
-                "no *.safetensors file"
-            };
-            return Err(fail(reason.into()));
-        }
-        // SAFETY: read-only maps, dropped before this returns; like every mmap-based loader
-        // this assumes nobody truncates the files meanwhile.
-        let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| fail(format!("safetensors: {e}")))?;
+        let (config, st): (HeadConfig, _) = open_folder(&dir)?;
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
             // EAGLE-3's `t2d` is a boolean mask only training uses (and candle has no bool type).

@@ -9,7 +9,7 @@ use candle_nn::Linear;
 
 use super::config::HeadFiles;
 use super::layer::{rms_norm, DecoderLayer, LayerCache};
-use super::target::{OutputHead, TargetParts};
+use super::target::{cut_rows, draft_vocab, widen, OutputHead, TargetParts};
 use crate::error::{Error, Result};
 use crate::models::Tap;
 
@@ -99,7 +99,12 @@ impl EagleHead {
         let post_norm = files.take(&format!("{prefix}.post_attention_layernorm.weight"), &[h])?;
         let layer = DecoderLayer { shape: s, input_norm: None, q, k, v, o, post_norm, gate, up, down };
         let (norms, head_w, d2t, taps) = match version {
-            EagleVersion::One => (None, target.output.clone(), None, vec![Tap::Final]),
+            EagleVersion::One => {
+                // Our trained heads may carry a draft vocabulary (`d2t`, as EAGLE-3's): the
+                // target's output rows for it alone.
+                let d2t = files.tensors.remove("d2t").map(|d| draft_vocab(&d, None, t.vocab_size)).transpose()?;
+                (None, cut_rows(&target.output, d2t.as_deref())?, d2t, vec![Tap::Final])
+            }
             EagleVersion::Three => {
                 let draft_vocab = c.draft_vocab_size.unwrap_or(t.vocab_size);
                 let norms = [
@@ -109,7 +114,7 @@ impl EagleHead {
                 ];
                 let head_w = files.take("lm_head.weight", &[draft_vocab, h])?;
                 let d2t = match files.tensors.remove("d2t") {
-                    Some(d) => Some(d2t_map(&d, draft_vocab, t.vocab_size)?),
+                    Some(d) => Some(super::target::draft_vocab(&d, Some(draft_vocab), t.vocab_size)?),
                     None if draft_vocab == t.vocab_size => None,
                     None => return Err(Error::MissingTensor("d2t".into())),
                 };
@@ -224,19 +229,7 @@ impl EagleHead {
     /// Backend failures.
     pub fn logits(&self, states: &Tensor) -> Result<Vec<Vec<f32>>> {
         let rows = self.draft_logits(states)?.to_vec2::<f32>()?;
-        Ok(match &self.d2t {
-            None => rows,
-            Some(map) => rows
-                .into_iter()
-                .map(|r| {
-                    let mut full = vec![f32::NEG_INFINITY; self.vocab];
-                    for (d, &t) in map.iter().enumerate() {
-                        full[t as usize] = r[d];
-                    }
-                    full
-                })
-                .collect(),
-        })
+        Ok(widen(rows, self.d2t.as_deref(), self.vocab))
     }
 }
 
@@ -248,25 +241,4 @@ impl ForwardT for Linear {
     fn forward_t(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_core::Module::forward(self, x)?)
     }
-}
-
-/// `d2t` as target token ids: entry `i` is `i + d2t[i]`.
-fn d2t_map(d: &Tensor, draft_vocab: usize, vocab: usize) -> Result<Vec<u32>> {
-    super::config::check_dims("d2t", d, &[draft_vocab])?;
-    let offsets = d.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?;
-    offsets
-        .iter()
-        .enumerate()
-        .map(|(i, &o)| {
-            let t = i as f64 + o;
-            match t >= 0.0 && (t as usize) < vocab {
-                true => Ok(t as u32),
-                false => Err(Error::HeadMismatch {
-                    what: format!("d2t[{i}]"),
-                    head: t.to_string(),
-                    target: format!("a token below {vocab}"),
-                }),
-            }
-        })
-        .collect()
 }

@@ -11,7 +11,7 @@ use candle_nn::Linear;
 use super::config::HeadFiles;
 use super::eagle_draft::check_tokens;
 use super::features::Features;
-use super::target::{OutputHead, TargetParts};
+use super::target::{cut_rows, draft_vocab, widen, OutputHead, TargetParts};
 use crate::draft::{grow, ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal};
@@ -30,6 +30,8 @@ pub struct MedusaHead {
     heads: Vec<Head>,
     hidden: usize,
     vocab: usize,
+    /// A draft vocabulary the output heads are cut to, if the heads carry one (`d2t`).
+    d2t: Option<Vec<u32>>,
     device: Device,
 }
 
@@ -48,8 +50,16 @@ impl MedusaHead {
         if count == 0 {
             return Err(Error::setting("medusa_num_heads", count, "at least one head"));
         }
-        let shared =
-            if quantize { OutputHead::quantize(&target.output)? } else { OutputHead::Dense(target.output.clone()) };
+        let d2t = files.tensors.remove("d2t").map(|d| draft_vocab(&d, None, vocab)).transpose()?;
+        let hold = |w: &Tensor| -> Result<OutputHead> {
+            let w = cut_rows(w, d2t.as_deref())?;
+            if quantize {
+                OutputHead::quantize(&w)
+            } else {
+                Ok(OutputHead::Dense(w))
+            }
+        };
+        let shared = hold(&target.output)?;
         let heads = (0..count)
             .map(|i| {
                 let blocks = (0..layers)
@@ -60,14 +70,13 @@ impl MedusaHead {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let output = match files.take_opt(&format!("{i}.{layers}.weight"), &[vocab, h])? {
-                    Some(w) if quantize => OutputHead::quantize(&w)?,
-                    Some(w) => OutputHead::Dense(w),
+                    Some(w) => hold(&w)?,
                     None => shared.clone(),
                 };
                 Ok(Head { blocks, output })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { heads, hidden: h, vocab, device: target.embed.device().clone() })
+        Ok(Self { heads, hidden: h, vocab, d2t, device: target.embed.device().clone() })
     }
 
     /// The number of heads.
@@ -80,7 +89,16 @@ impl MedusaHead {
         self.heads.is_empty()
     }
 
-    /// Head `i`'s logits `(…, vocab)` of target states `(…, hidden)`.
+    /// Head `i`'s logits over the target's vocabulary, a row per state `(rows, hidden)`
+    /// (−∞ outside a draft vocabulary).
+    ///
+    /// # Errors
+    /// Backend failures; [`Error::InvalidSetting`] for a head that does not exist.
+    pub fn logits(&self, i: usize, x: &Tensor) -> Result<Vec<Vec<f32>>> {
+        Ok(widen(self.forward(i, x)?.to_vec2::<f32>()?, self.d2t.as_deref(), self.vocab))
+    }
+
+    /// Head `i`'s logits `(…, draft vocab)` of target states `(…, hidden)`.
     ///
     /// # Errors
     /// Backend failures; [`Error::InvalidSetting`] for a head that does not exist.
@@ -130,7 +148,7 @@ impl MedusaDraft {
     /// Row of head `i` from the state after token `b`.
     fn row(&self, b: usize, i: usize) -> Result<Vec<f32>> {
         let x = Tensor::from_vec(self.features.rows(b, b + 1)?, (1, self.head.hidden), &self.head.device)?;
-        Ok(self.head.forward(i, &x)?.squeeze(0)?.to_vec1::<f32>()?)
+        Ok(self.head.logits(i, &x)?.swap_remove(0))
     }
 
     fn absorb(&mut self, tokens: &[u32]) -> Result<()> {

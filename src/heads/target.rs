@@ -86,3 +86,57 @@ impl TargetParts {
         Ok(Self { config, embed, output })
     }
 }
+
+/// A draft vocabulary's target tokens from `d2t` (entry `i` is token `i + d2t[i]`), checked
+/// against the expected size (when given) and the target's vocabulary.
+///
+/// # Errors
+/// [`Error::HeadMismatch`] for another size or a token outside the vocabulary.
+pub(crate) fn draft_vocab(d2t: &Tensor, size: Option<usize>, vocab: usize) -> Result<Vec<u32>> {
+    let offsets = d2t.to_dtype(candle_core::DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    if let Some(n) = size.filter(|&n| n != offsets.len()) {
+        return Err(Error::HeadMismatch {
+            what: "d2t length".into(),
+            head: offsets.len().to_string(),
+            target: n.to_string(),
+        });
+    }
+    (offsets.iter().enumerate())
+        .map(|(i, &o)| {
+            let t = i as f64 + o;
+            match t >= 0.0 && (t as usize) < vocab {
+                true => Ok(t as u32),
+                false => Err(Error::HeadMismatch {
+                    what: format!("d2t[{i}]"),
+                    head: t.to_string(),
+                    target: format!("a token below {vocab}"),
+                }),
+            }
+        })
+        .collect()
+}
+
+/// The rows of `output` for the tokens `vocab` (all rows without one).
+///
+/// # Errors
+/// Backend failures.
+pub(crate) fn cut_rows(output: &Tensor, vocab: Option<&[u32]>) -> Result<Tensor> {
+    match vocab {
+        None => Ok(output.clone()),
+        Some(v) => Ok(output.index_select(&Tensor::new(v, output.device())?, 0)?),
+    }
+}
+
+/// Draft-vocabulary logits rows widened to the target's `vocab`, −∞ for tokens outside it.
+pub(crate) fn widen(rows: Vec<Vec<f32>>, draft_vocab: Option<&[u32]>, vocab: usize) -> Vec<Vec<f32>> {
+    let Some(map) = draft_vocab else { return rows };
+    rows.into_iter()
+        .map(|r| {
+            let mut full = vec![f32::NEG_INFINITY; vocab];
+            for (&t, x) in map.iter().zip(r) {
+                full[t as usize] = x;
+            }
+            full
+        })
+        .collect()
+}

@@ -20,7 +20,7 @@ use super::config::{HeadConfig, HeadFiles};
 use super::eagle::{EagleHead, EagleVersion};
 use super::features::interleave;
 use super::medusa::MedusaHead;
-use super::target::TargetParts;
+use super::target::{OutputHead, TargetParts};
 use crate::error::{Error, Result};
 use crate::models::{Llama, Tap};
 use crate::sampling::argmax;
@@ -112,6 +112,8 @@ pub struct Trainable {
     vars: VarMap,
     /// Tensors saved but not trained (EAGLE-3's `d2t`).
     fixed: HashMap<String, Tensor>,
+    /// The draft vocabulary as `d2t` offsets.
+    d2t: Tensor,
 }
 
 impl std::fmt::Debug for Trainable {
@@ -150,6 +152,8 @@ impl Trainable {
         let mut vars = VarMap::new();
         let vb = VarBuilder::from_varmap(&vars, DType::F32, &Device::Cpu);
         let mut fixed = HashMap::new();
+        let offsets: Vec<i64> = vocab.tokens().iter().enumerate().map(|(i, &t)| i64::from(t) - i as i64).collect();
+        let d2t = Tensor::new(&offsets[..], &Device::Cpu)?;
         let (q, kv) = (t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim);
         let layer = |prefix: &str, attn_in: usize| -> Result<()> {
             let shapes = [
@@ -182,8 +186,7 @@ impl Trainable {
                 let rows = vocab.cut(target)?.output;
                 vb.get_with_hints(rows.dims(), "lm_head.weight", Init::Const(0.0))?;
                 vars.set_one("lm_head.weight", &rows)?;
-                let d2t: Vec<i64> = vocab.tokens().iter().enumerate().map(|(i, &t)| i64::from(t) - i as i64).collect();
-                fixed.insert("d2t".to_string(), Tensor::new(&d2t[..], &Device::Cpu)?);
+                fixed.insert("d2t".to_string(), d2t.clone());
                 config.draft_vocab_size = Some(vocab.tokens().len());
             }
             HeadKind::Medusa(count) => {
@@ -199,7 +202,7 @@ impl Trainable {
                 config.medusa_num_layers = Some(1);
             }
         }
-        Ok(Self { kind, config, vars, fixed })
+        Ok(Self { kind, config, vars, fixed, d2t })
     }
 
     /// The head's tensors, as its loader reads them (sharing the variables' storage, so a
@@ -239,6 +242,9 @@ impl Trainable {
 
     /// Writes `config.json` and the weights (`model.safetensors`, or
     /// `medusa_lm_head.safetensors` for Medusa) into `dir`; returns the weights' size in bytes.
+    /// EAGLE-1 and Medusa heads also get `draft_vocab.safetensors`: their training vocabulary
+    /// as `d2t` (EAGLE-3's convention), which this crate's loader uses to cut the output head
+    /// to those rows while drafting; other loaders read only the published files.
     ///
     /// # Errors
     /// I/O failures.
@@ -249,6 +255,10 @@ impl Trainable {
             HeadKind::Eagle(_) => "model.safetensors",
         };
         candle_core::safetensors::save(&self.files().tensors, dir.join(file))?;
+        if self.kind != HeadKind::Eagle(EagleVersion::Three) {
+            let vocab: HashMap<String, Tensor> = [("d2t".to_string(), self.d2t.clone())].into();
+            candle_core::safetensors::save(&vocab, dir.join("draft_vocab.safetensors"))?;
+        }
         let mut config =
             serde_json::to_value(&self.config).map_err(|e| Error::setting("head config", e, "serializable"))?;
         config["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
@@ -270,13 +280,17 @@ pub struct TrainOptions {
     pub ce_weight: f64,
     /// Half-width of the uniform noise on the target states an EAGLE head reads.
     pub noise: f64,
+    /// Score EAGLE-1 and Medusa heads against the target's whole next-token distribution
+    /// (computed from its recorded states) rather than its top-1 alone: more to learn from
+    /// per token.
+    pub soft: bool,
     /// Seed of the shuffling and the noise.
     pub seed: u64,
 }
 
 impl Default for TrainOptions {
     fn default() -> Self {
-        Self { epochs: 4, lr: 1e-3, unroll: 2, ce_weight: 0.1, noise: 0.05, seed: 7 }
+        Self { epochs: 4, lr: 1e-3, unroll: 2, ce_weight: 0.1, noise: 0.05, soft: true, seed: 7 }
     }
 }
 
@@ -285,9 +299,19 @@ fn cross_entropy(logits: &Tensor, labels: &[u32]) -> Result<Tensor> {
     Ok(candle_nn::loss::cross_entropy(logits, &target)?)
 }
 
-/// EAGLE's loss on one sample: the cross-entropy of each unrolled depth against the target's
-/// top-1 (`labels`, as indices into the head's softmax), weighted 0.8 per depth and by
-/// `ce_weight`, plus for EAGLE-1 the smooth-L1 distance of depth 1's states to the target's.
+/// Cross-entropy of `logits` against the distributions `softmax(teacher)`, row by row (the
+/// teacher carries no gradient).
+fn soft_cross_entropy(logits: &Tensor, teacher: &Tensor) -> Result<Tensor> {
+    let p = candle_nn::ops::softmax_last_dim(&teacher.detach())?;
+    let log_q = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    Ok((p * log_q)?.sum(D::Minus1)?.mean_all()?.neg()?)
+}
+
+/// EAGLE's loss on one sample: the cross-entropy of each unrolled depth against the target
+/// (EAGLE-1 with `soft`: its next-token distribution, from its recorded state through the
+/// head's own output head, which is the target's; else its top-1 `labels`, as indices into the
+/// head's softmax), weighted 0.8 per depth and by `ce_weight`, plus for EAGLE-1 the smooth-L1
+/// distance of depth 1's states to the target's.
 ///
 /// # Errors
 /// Backend failures.
@@ -302,26 +326,44 @@ pub fn eagle_loss(head: &EagleHead, s: &Sample, labels: &[u32], o: &TrainOptions
         EagleVersion::One => candle_nn::loss::huber(&levels[0], &s.states.narrow(0, 1, n - 1)?, 1.0)?,
         EagleVersion::Three => Tensor::zeros((), DType::F32, s.states.device())?,
     };
-    let weight = if head.version() == EagleVersion::One { o.ce_weight } else { 1.0 };
+    let one = head.version() == EagleVersion::One;
+    let weight = if one { o.ce_weight } else { 1.0 };
     for (d, level) in levels.iter().enumerate() {
         let rows = n - 1 - d;
-        let ce = cross_entropy(&head.draft_logits(&level.narrow(0, 0, rows)?)?, &labels[d + 1..])?;
+        let logits = head.draft_logits(&level.narrow(0, 0, rows)?)?;
+        // Row j guesses the token after token j + d + 1, which the target's state there scores.
+        let ce = match o.soft && one {
+            true => soft_cross_entropy(&logits, &head.draft_logits(&s.states.narrow(0, d + 1, rows)?)?)?,
+            false => cross_entropy(&logits, &labels[d + 1..])?,
+        };
         loss = (loss + (ce * (weight * 0.8f64.powi(d as i32)))?)?;
     }
     Ok(loss)
 }
 
 /// Medusa's loss on one sample: head `i` reads the state after token `j` and is scored against
-/// the target's top-1 after token `j + i + 1`, weighted 0.8 per head.
+/// the target's next-token distribution after token `j + i + 1` (`teacher`, the target's output
+/// head, applied to its state there; with `soft` off, its top-1 `labels`), weighted 0.8 per
+/// head.
 ///
 /// # Errors
 /// Backend failures.
-pub fn medusa_loss(head: &MedusaHead, s: &Sample, labels: &[u32]) -> Result<Tensor> {
+pub fn medusa_loss(
+    head: &MedusaHead,
+    teacher: &OutputHead,
+    s: &Sample,
+    labels: &[u32],
+    o: &TrainOptions,
+) -> Result<Tensor> {
     let mut loss = Tensor::zeros((), DType::F32, s.states.device())?;
     for i in 0..head.len() {
         let rows = s.tokens.len().saturating_sub(i + 1);
         if rows > 0 {
-            let ce = cross_entropy(&head.forward(i, &s.states.narrow(0, 0, rows)?)?, &labels[i + 1..])?;
+            let logits = head.forward(i, &s.states.narrow(0, 0, rows)?)?;
+            let ce = match o.soft {
+                true => soft_cross_entropy(&logits, &teacher.forward(&s.states.narrow(0, i + 1, rows)?)?)?,
+                false => cross_entropy(&logits, &labels[i + 1..])?,
+            };
             loss = (loss + (ce * 0.8f64.powi(i as i32))?)?;
         }
     }

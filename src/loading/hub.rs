@@ -15,11 +15,7 @@ use crate::error::{Error, Result};
 /// # Errors
 /// [`Error::Hub`] when a file can be neither found in the cache nor downloaded.
 pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
-    let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
-    let api =
-        ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
-    let model = api.model(repo.to_string());
-    let get = |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}")));
+    let get = getter(repo, cache_dir)?;
     let config = get("config.json")?;
     get("tokenizer.json")?;
     match get("model.safetensors") {
@@ -38,7 +34,21 @@ pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
             }
         }
     }
-    config.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
+    snapshot(repo, &config)
+}
+
+/// A function that finds `file` of the hub model `repo` in the cache or downloads it.
+fn getter(repo: &str, cache_dir: Option<PathBuf>) -> Result<impl Fn(&str) -> Result<PathBuf> + '_> {
+    let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
+    let api =
+        ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
+    let model = api.model(repo.to_string());
+    Ok(move |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}"))))
+}
+
+/// The snapshot folder holding `file`.
+fn snapshot(repo: &str, file: &std::path::Path) -> Result<PathBuf> {
+    file.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
 }
 
 /// Fetches a draft head's `config.json` and its weights (`model.safetensors`, else
@@ -47,12 +57,8 @@ pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
 /// # Errors
 /// [`Error::Hub`] when a file can be neither found in the cache nor downloaded.
 pub fn fetch_head(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
-    let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
-    let api =
-        ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
-    let model = api.model(repo.to_string());
-    let get = |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}")));
+    let get = getter(repo, cache_dir)?;
     let config = get("config.json")?;
     get("model.safetensors").or_else(|_| get("medusa_lm_head.safetensors"))?;
-    config.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
+    snapshot(repo, &config)
 }

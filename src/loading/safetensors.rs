@@ -20,6 +20,33 @@ pub struct SafetensorsDir {
     tensors: MmapedSafetensors,
 }
 
+/// Reads a folder's `config.json` as `C` and maps its `*.safetensors` files.
+///
+/// # Errors
+/// [`Error::Load`] for a missing or malformed config, no safetensors file (naming
+/// `pytorch_model.bin` when that is all there is), or corrupt files.
+pub(crate) fn open_folder<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(C, MmapedSafetensors)> {
+    let fail = |reason: String| Error::Load { path: dir.to_path_buf(), reason };
+    let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| fail(format!("config.json: {e}")))?;
+    let config: C = serde_json::from_str(&text).map_err(|e| fail(format!("config.json: {e}")))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        let reason = match dir.join("pytorch_model.bin").exists() {
+            true => "only pytorch_model.bin: convert it to model.safetensors (this crate reads safetensors only)",
+            false => "no *.safetensors file",
+        };
+        return Err(fail(reason.into()));
+    }
+    // SAFETY: the files are memory-mapped read-only; like every mmap-based loader this assumes
+    // nobody truncates them while they are being read.
+    let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| fail(format!("safetensors: {e}")))?;
+    Ok((config, tensors))
+}
+
 impl SafetensorsDir {
     /// Opens `dir`, reading `config.json` and mapping every `*.safetensors` file.
     ///
@@ -27,21 +54,8 @@ impl SafetensorsDir {
     /// [`Error::Load`] for missing or corrupt files; [`Error::UnsupportedArchitecture`].
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let fail = |reason: String| Error::Load { path: dir.clone(), reason };
-        let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| fail(format!("config.json: {e}")))?;
-        let hf: HfConfig = serde_json::from_str(&text).map_err(|e| fail(format!("config.json: {e}")))?;
+        let (hf, tensors): (HfConfig, _) = open_folder(&dir)?;
         let config = hf.to_llama()?;
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(fail("no *.safetensors file".into()));
-        }
-        // SAFETY: the files are memory-mapped read-only; like every mmap-based loader this
-        // assumes nobody truncates them while the model is being read.
-        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| fail(format!("safetensors: {e}")))?;
         Ok(Self { dir, tied: hf.tied(), config, tensors })
     }
 

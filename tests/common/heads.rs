@@ -153,7 +153,14 @@ pub fn trained_heads(
                 |_, _| Ok(()),
             )?;
         } else if let Some(m) = head.medusa(&cut)? {
-            train::fit(&head, set.len(), &o, |i, _| train::medusa_loss(&m, &set[i], &labels[i]), |_, _| Ok(()))?;
+            let teacher = specdec::heads::OutputHead::Dense(cut.output.clone());
+            train::fit(
+                &head,
+                set.len(),
+                &o,
+                |i, _| train::medusa_loss(&m, &teacher, &set[i], &labels[i], &o),
+                |_, _| Ok(()),
+            )?;
         }
         let dir = temp_dir(&format!("{tag}-{kind:?}"));
         head.save(&dir)?;

@@ -23,3 +23,21 @@ pub fn model_path(name: &str) -> Option<PathBuf> {
     }
     found
 }
+
+/// The folder of a draft head trained for SmolLM2 by `scripts/train-heads.sh --short`
+/// (`heads-short/eagle`, `…/eagle3`, `…/medusa`), looked up like the model files; skipped
+/// when missing, except under CI.
+pub fn head_path(kind: &str) -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dirs = [std::env::var_os("SPECDEC_MODELS").map(PathBuf::from), Some(root.join("models-cache"))];
+    let found =
+        dirs.into_iter().flatten().map(|d| d.join("heads-short").join(kind)).find(|p| p.join("config.json").is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "head {kind} is missing under CI: run scripts/train-heads.sh --short"
+        );
+        eprintln!("skipping: head {kind} not found (run scripts/train-heads.sh --short)");
+    }
+    found
+}
