@@ -17,7 +17,7 @@ use candle_core::{Device, Tensor};
 use clap::Parser;
 use serde_json::json;
 use specdec::heads::train::{self, HeadKind, Sample, TrainOptions, Trainable, Vocab};
-use specdec::heads::{EagleVersion, OutputHead, TargetParts};
+use specdec::heads::{EagleVersion, HeadMatrix, TargetParts};
 use specdec::models::Tap;
 use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat};
 
@@ -86,7 +86,7 @@ fn main() -> Result<()> {
     let parts = TargetParts::read(&files, &device)?;
     let started = Instant::now();
     let samples = match &args.data {
-        Some(path) if path.is_file() => load_samples(path)?,
+        Some(path) if path.is_file() => with_prompt_lens(load_samples(path)?, &args, &tok)?,
         data => {
             let samples = generate(&args, &files, &weights, &tok, &device)?;
             if let Some(path) = data {
@@ -143,7 +143,9 @@ fn main() -> Result<()> {
             let l = weights.config().num_layers;
             let taps = [Tap::Residual(2), Tap::Residual(l / 2), Tap::Residual(l - 3)];
             let mut again = |set: &[Sample]| -> Result<Vec<Sample>> {
-                set.iter().map(|s| Ok(Sample::record(&mut target, &s.tokens, &taps)?)).collect()
+                set.iter()
+                    .map(|s| Ok(Sample { prompt_len: s.prompt_len, ..Sample::record(&mut target, &s.tokens, &taps)? }))
+                    .collect()
             };
             let (train3, held3) = (again(&train)?, again(&held)?);
             Some(train_head(&args, HeadKind::Eagle(EagleVersion::Three), &parts, &vocab, &train3, &held3, &o)?)
@@ -192,14 +194,10 @@ fn generate(
     {
         let prompt = tok.encode(&tok.chat_prompt(p))?;
         let out = decoders[usize::from(i % args.answers != 0)].generate(&prompt)?;
+        let out_len = out.tokens.len();
         let tokens = [prompt, out.tokens].concat();
-        teacher.truncate(0)?;
-        let (logits, states) = teacher.forward_hidden(&tokens, tokens.len(), &[Tap::Final])?;
-        let labels =
-            (0..logits.rows()).map(|r| specdec::sampling::argmax(logits.row(r))).collect::<specdec::Result<_>>()?;
-        let h = weights.config().hidden_size;
-        let states = Tensor::from_vec(states.into_iter().next().unwrap_or_default(), (tokens.len(), h), device)?;
-        samples.push(Sample { tokens, states, labels });
+        let prompt_len = tokens.len() - out_len;
+        samples.push(Sample { prompt_len, ..Sample::record(&mut teacher, &tokens, &[Tap::Final])? });
         if (i + 1) % 40 == 0 {
             println!("  {} / {} answers", i + 1, prompts.len() * args.answers);
         }
@@ -246,7 +244,7 @@ fn train_head(
     if let Some(e) = head.eagle(&cut)? {
         train::fit(&head, train.len(), o, |i, rng| train::eagle_loss(&e, &train[i], &labels[i], o, rng), &mut report)?;
     } else if let Some(m) = head.medusa(&cut)? {
-        let teacher = OutputHead::Dense(cut.output.clone());
+        let teacher = HeadMatrix::Dense(cut.output.clone());
         train::fit(
             &head,
             train.len(),
@@ -265,11 +263,13 @@ fn train_head(
 /// each sample's length).
 fn save_samples(path: &std::path::Path, samples: &[Sample]) -> Result<()> {
     let lens: Vec<u32> = samples.iter().map(|s| s.tokens.len() as u32).collect();
+    let prompts: Vec<u32> = samples.iter().map(|s| s.prompt_len as u32).collect();
     let tokens: Vec<u32> = samples.iter().flat_map(|s| s.tokens.iter().copied()).collect();
     let labels: Vec<u32> = samples.iter().flat_map(|s| s.labels.iter().copied()).collect();
     let states = Tensor::cat(&samples.iter().map(|s| &s.states).collect::<Vec<_>>(), 0)?;
     let map: HashMap<String, Tensor> = [
         ("lens".to_string(), Tensor::new(&lens[..], &Device::Cpu)?),
+        ("prompt_lens".to_string(), Tensor::new(&prompts[..], &Device::Cpu)?),
         ("tokens".to_string(), Tensor::new(&tokens[..], &Device::Cpu)?),
         ("labels".to_string(), Tensor::new(&labels[..], &Device::Cpu)?),
         ("states".to_string(), states),
@@ -286,11 +286,14 @@ fn load_samples(path: &std::path::Path) -> Result<Vec<Sample>> {
     let map = candle_core::safetensors::load(path, &Device::Cpu)?;
     let get = |n: &str| map.get(n).with_context(|| format!("{}: no `{n}`", path.display()));
     let lens = get("lens")?.to_vec1::<u32>()?;
+    // Files written before prompt lengths were kept count every position.
+    let prompts = get("prompt_lens").and_then(|t| Ok(t.to_vec1::<u32>()?)).unwrap_or_else(|_| vec![0; lens.len()]);
     let (tokens, labels, states) = (get("tokens")?.to_vec1::<u32>()?, get("labels")?.to_vec1::<u32>()?, get("states")?);
     let mut at = 0;
     let mut out = Vec::with_capacity(lens.len());
-    for len in lens.into_iter().map(|l| l as usize) {
+    for (len, prompt_len) in lens.into_iter().map(|l| l as usize).zip(prompts) {
         out.push(Sample {
+            prompt_len: prompt_len as usize,
             tokens: tokens[at..at + len].to_vec(),
             labels: labels[at..at + len].to_vec(),
             states: states.narrow(0, at, len)?,
@@ -299,4 +302,23 @@ fn load_samples(path: &std::path::Path) -> Result<Vec<Sample>> {
     }
     println!("data: read {} sequences from {}", out.len(), path.display());
     Ok(out)
+}
+
+/// Samples read from a file written before prompt lengths were kept get them from the prompts
+/// (one answer each, in order).
+fn with_prompt_lens(mut samples: Vec<Sample>, args: &Args, tok: &Tokenizer) -> Result<Vec<Sample>> {
+    if samples.iter().any(|s| s.prompt_len > 0) {
+        return Ok(samples);
+    }
+    let text = std::fs::read_to_string(&args.prompts)?;
+    let prompts: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    for (i, s) in samples.iter_mut().enumerate() {
+        if let Some(p) = prompts.get(i / args.answers.max(1)) {
+            let ids = tok.encode(&tok.chat_prompt(p))?;
+            if s.tokens.starts_with(&ids) {
+                s.prompt_len = ids.len();
+            }
+        }
+    }
+    Ok(samples)
 }

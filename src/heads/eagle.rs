@@ -5,11 +5,10 @@
 //! output head over a smaller draft vocabulary mapped back with `d2t`.
 
 use candle_core::{Device, Tensor, D};
-use candle_nn::Linear;
 
 use super::config::HeadFiles;
 use super::layer::{rms_norm, DecoderLayer, LayerCache};
-use super::target::{cut_rows, draft_vocab, widen, OutputHead, TargetParts};
+use super::target::{cut_rows, draft_vocab, widen, HeadMatrix, Proj, TargetParts};
 use crate::error::{Error, Result};
 use crate::models::Tap;
 
@@ -35,12 +34,12 @@ pub enum HeadInput {
 #[derive(Debug, Clone)]
 pub struct EagleHead {
     version: EagleVersion,
-    fc: Linear,
+    fc: Proj,
     layer: DecoderLayer,
     /// EAGLE-3: the norms of the token embedding and of the fed state, and the final norm.
     norms: Option<[Tensor; 3]>,
     embed: Tensor,
-    output: OutputHead,
+    output: HeadMatrix,
     /// EAGLE-3: the target token of each draft-vocabulary entry.
     d2t: Option<Vec<u32>>,
     vocab: usize,
@@ -49,8 +48,8 @@ pub struct EagleHead {
 }
 
 impl EagleHead {
-    /// Builds a head of `version` from its files for `target`. With `quantize`, the output
-    /// head is held as Q8_0 (drafting); without, dense f32 (training).
+    /// Builds a head of `version` from its files for `target`. With `quantize`, its matrices
+    /// and the output head are held as Q8_0 (drafting); without, dense f32 (training).
     ///
     /// # Errors
     /// [`Error::MissingTensor`]; [`Error::HeadMismatch`] when the head's hidden size,
@@ -83,10 +82,10 @@ impl EagleHead {
             _ => files.take_opt("fc.bias", &[h])?,
         };
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
-        let mut lin = |name: &str, out: usize, inp: usize| -> Result<Linear> {
+        let mut lin = |name: &str, out: usize, inp: usize| -> Result<Proj> {
             let w = files.take(&format!("{prefix}.{name}.weight"), &[out, inp])?;
             let b = files.take_opt(&format!("{prefix}.{name}.bias"), &[out])?;
-            Ok(Linear::new(w, b))
+            Proj::new(w, b, quantize)
         };
         let (q, k, v) = (
             lin("self_attn.q_proj", q_out, attn_in)?,
@@ -134,8 +133,18 @@ impl EagleHead {
             }
             _ => target.embed.clone(),
         };
-        let output = if quantize { OutputHead::quantize(&head_w)? } else { OutputHead::Dense(head_w) };
-        Ok(Self { version, fc: Linear::new(fc_w, fc_b), layer, norms, embed, output, d2t, vocab: t.vocab_size, taps })
+        let output = if quantize { HeadMatrix::quantize(&head_w)? } else { HeadMatrix::Dense(head_w) };
+        Ok(Self {
+            version,
+            fc: Proj::new(fc_w, fc_b, quantize)?,
+            layer,
+            norms,
+            embed,
+            output,
+            d2t,
+            vocab: t.vocab_size,
+            taps,
+        })
     }
 
     /// The hidden states the head reads from its target, in order.
@@ -195,7 +204,7 @@ impl EagleHead {
         match (self.version, &self.norms) {
             (EagleVersion::Three, Some([emb_norm, state_norm, _])) => {
                 let state = match input {
-                    HeadInput::Target(x) => self.fc.forward_t(&x)?,
+                    HeadInput::Target(x) => self.fc.forward(&x)?,
                     HeadInput::Own(x) => x,
                 };
                 let eps = self.layer.shape.eps;
@@ -205,7 +214,7 @@ impl EagleHead {
             }
             _ => {
                 let (HeadInput::Target(x) | HeadInput::Own(x)) = input;
-                let fused = self.fc.forward_t(&Tensor::cat(&[&emb, &x], D::Minus1)?)?;
+                let fused = self.fc.forward(&Tensor::cat(&[&emb, &x], D::Minus1)?)?;
                 self.layer.forward(&fused, &fused, rope, mask, cache)
             }
         }
@@ -230,15 +239,5 @@ impl EagleHead {
     pub fn logits(&self, states: &Tensor) -> Result<Vec<Vec<f32>>> {
         let rows = self.draft_logits(states)?.to_vec2::<f32>()?;
         Ok(widen(rows, self.d2t.as_deref(), self.vocab))
-    }
-}
-
-trait ForwardT {
-    fn forward_t(&self, x: &Tensor) -> Result<Tensor>;
-}
-
-impl ForwardT for Linear {
-    fn forward_t(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(candle_core::Module::forward(self, x)?)
     }
 }

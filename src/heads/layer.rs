@@ -2,9 +2,9 @@
 //! drafting (a few rows against a small KV cache) and while training (whole sequences, with
 //! gradients), so every op here has a backward pass.
 
-use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::Linear;
+use candle_core::{DType, Device, Tensor, D};
 
+use super::target::Proj;
 use crate::error::Result;
 
 /// The shape of a head's decoder layer.
@@ -32,14 +32,14 @@ pub struct LayerShape {
 pub struct DecoderLayer {
     pub(crate) shape: LayerShape,
     pub(crate) input_norm: Option<Tensor>,
-    pub(crate) q: Linear,
-    pub(crate) k: Linear,
-    pub(crate) v: Linear,
-    pub(crate) o: Linear,
+    pub(crate) q: Proj,
+    pub(crate) k: Proj,
+    pub(crate) v: Proj,
+    pub(crate) o: Proj,
     pub(crate) post_norm: Tensor,
-    pub(crate) gate: Linear,
-    pub(crate) up: Linear,
-    pub(crate) down: Linear,
+    pub(crate) gate: Proj,
+    pub(crate) up: Proj,
+    pub(crate) down: Proj,
 }
 
 /// Keys and values of earlier positions, `(1, kv_heads, len, head_dim)` each.
@@ -52,6 +52,11 @@ impl LayerCache {
     /// Positions held.
     pub fn len(&self) -> usize {
         self.kv.as_ref().map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_none()
     }
 
     /// Keeps the first `len` positions.
@@ -126,7 +131,7 @@ impl DecoderLayer {
             Some(w) => rms_norm(attn_in, w, s.eps)?,
             None => attn_in.clone(),
         };
-        let split = |lin: &Linear, heads: usize| -> Result<Tensor> {
+        let split = |lin: &Proj, heads: usize| -> Result<Tensor> {
             Ok(lin.forward(&x)?.reshape((b, t, heads, s.head_dim))?.transpose(1, 2)?.contiguous()?)
         };
         let q = candle_nn::rotary_emb::rope_slow(&split(&self.q, s.heads)?, rope.0, rope.1)?;

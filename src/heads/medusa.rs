@@ -5,13 +5,12 @@
 
 use std::sync::Arc;
 
-use candle_core::{Device, Module, Tensor};
-use candle_nn::Linear;
+use candle_core::{Device, Tensor};
 
 use super::config::HeadFiles;
 use super::eagle_draft::check_tokens;
 use super::features::Features;
-use super::target::{cut_rows, draft_vocab, widen, OutputHead, TargetParts};
+use super::target::{cut_rows, draft_vocab, widen, HeadMatrix, Proj, TargetParts};
 use crate::draft::{grow, ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal};
@@ -20,8 +19,8 @@ use crate::model::{DraftModel, Proposal};
 /// target's in heads saved without one).
 #[derive(Debug, Clone)]
 struct Head {
-    blocks: Vec<Linear>,
-    output: OutputHead,
+    blocks: Vec<Proj>,
+    output: HeadMatrix,
 }
 
 /// Medusa heads with the target's output head.
@@ -51,12 +50,12 @@ impl MedusaHead {
             return Err(Error::setting("medusa_num_heads", count, "at least one head"));
         }
         let d2t = files.tensors.remove("d2t").map(|d| draft_vocab(&d, None, vocab)).transpose()?;
-        let hold = |w: &Tensor| -> Result<OutputHead> {
+        let hold = |w: &Tensor| -> Result<HeadMatrix> {
             let w = cut_rows(w, d2t.as_deref())?;
             if quantize {
-                OutputHead::quantize(&w)
+                HeadMatrix::quantize(&w)
             } else {
-                Ok(OutputHead::Dense(w))
+                Ok(HeadMatrix::Dense(w))
             }
         };
         let shared = hold(&target.output)?;
@@ -66,7 +65,7 @@ impl MedusaHead {
                     .map(|j| {
                         let w = files.take(&format!("{i}.{j}.linear.weight"), &[h, h])?;
                         let b = files.take_opt(&format!("{i}.{j}.linear.bias"), &[h])?;
-                        Ok(Linear::new(w, b))
+                        Proj::new(w, b, quantize)
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let output = match files.take_opt(&format!("{i}.{layers}.weight"), &[vocab, h])? {

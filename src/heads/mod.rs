@@ -20,4 +20,4 @@ pub use eagle_draft::EagleDraft;
 pub use features::Features;
 pub use layer::{mask, rms_norm, rope_tables, DecoderLayer, LayerCache, LayerShape};
 pub use medusa::{MedusaDraft, MedusaHead};
-pub use target::{OutputHead, TargetParts};
+pub use target::{HeadMatrix, TargetParts};

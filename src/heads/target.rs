@@ -10,17 +10,17 @@ use crate::loading::{GgufFile, ModelFiles, SafetensorsDir};
 use crate::models::tensors::TensorSource;
 use crate::models::LlamaConfig;
 
-/// An output head: a dense matrix (differentiable, for training) or a quantized one (for
-/// drafting: a Q8_0 copy streams a quarter of the f32 bytes per token).
+/// A weight matrix of a draft head, `(out, in)`: dense (differentiable, for training) or
+/// quantized (for drafting: a Q8_0 copy streams a quarter of the f32 bytes per token).
 #[derive(Debug, Clone)]
-pub enum OutputHead {
+pub enum HeadMatrix {
     /// `(vocab, hidden)` f32 weights.
     Dense(Tensor),
     /// Quantized weights.
     Quantized(Arc<QMatMul>),
 }
 
-impl OutputHead {
+impl HeadMatrix {
     /// The quantized copy of dense weights.
     ///
     /// # Errors
@@ -30,7 +30,7 @@ impl OutputHead {
         Ok(Self::Quantized(Arc::new(QMatMul::from_qtensor(q)?)))
     }
 
-    /// Logits `(…, vocab)` of hidden states `(…, hidden)`.
+    /// `x Wᵀ`: `(…, out)` of `(…, in)`.
     ///
     /// # Errors
     /// Shape mismatches.
@@ -139,4 +139,34 @@ pub(crate) fn widen(rows: Vec<Vec<f32>>, draft_vocab: Option<&[u32]>, vocab: usi
             full
         })
         .collect()
+}
+
+/// A linear map `x Wᵀ + b` of a head.
+#[derive(Debug, Clone)]
+pub struct Proj {
+    weight: HeadMatrix,
+    bias: Option<Tensor>,
+}
+
+impl Proj {
+    /// `weight` `(out, in)` and an optional `bias` `(out)`, dense or (with `quantize`) Q8_0.
+    ///
+    /// # Errors
+    /// Quantization failures.
+    pub fn new(weight: Tensor, bias: Option<Tensor>, quantize: bool) -> Result<Self> {
+        let weight = if quantize { HeadMatrix::quantize(&weight)? } else { HeadMatrix::Dense(weight) };
+        Ok(Self { weight, bias })
+    }
+
+    /// `x Wᵀ + b`.
+    ///
+    /// # Errors
+    /// Shape mismatches.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
 }

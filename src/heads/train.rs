@@ -20,7 +20,7 @@ use super::config::{HeadConfig, HeadFiles};
 use super::eagle::{EagleHead, EagleVersion};
 use super::features::interleave;
 use super::medusa::MedusaHead;
-use super::target::{OutputHead, TargetParts};
+use super::target::{HeadMatrix, TargetParts};
 use crate::error::{Error, Result};
 use crate::models::{Llama, Tap};
 use crate::sampling::argmax;
@@ -35,6 +35,9 @@ pub struct Sample {
     pub states: Tensor,
     /// The target's most likely next token after each token.
     pub labels: Vec<u32>,
+    /// How many leading tokens are the prompt (0 when unknown): accuracy counts guesses of the
+    /// target's own tokens after it, not of a chat template a head learns by heart.
+    pub prompt_len: usize,
 }
 
 impl Sample {
@@ -53,7 +56,7 @@ impl Sample {
         let width = taps.len() * target.config().hidden_size;
         let states = Tensor::from_vec(interleave(&states, tokens.len()), (tokens.len(), width), &Device::Cpu)?;
         target.truncate(0)?;
-        Ok(Self { tokens: tokens.to_vec(), states, labels })
+        Ok(Self { tokens: tokens.to_vec(), states, labels, prompt_len: 0 })
     }
 }
 
@@ -350,7 +353,7 @@ pub fn eagle_loss(head: &EagleHead, s: &Sample, labels: &[u32], o: &TrainOptions
 /// Backend failures.
 pub fn medusa_loss(
     head: &MedusaHead,
-    teacher: &OutputHead,
+    teacher: &HeadMatrix,
     s: &Sample,
     labels: &[u32],
     o: &TrainOptions,
@@ -410,7 +413,8 @@ pub fn fit(
     Ok(())
 }
 
-/// Top-1 agreement with the target at EAGLE drafting depths `1..=depth` over `samples`.
+/// Top-1 agreement with the target at EAGLE drafting depths `1..=depth` over `samples`, on the
+/// guesses of tokens after each sample's prompt.
 ///
 /// # Errors
 /// Backend failures.
@@ -421,15 +425,18 @@ pub fn eagle_accuracy(head: &EagleHead, samples: &[Sample], depth: usize) -> Res
         for (d, level) in levels.iter().enumerate() {
             let rows = s.tokens.len().saturating_sub(1 + d);
             if rows > 0 {
+                // Row j guesses token j + d + 2.
                 let best = head.logits(&level.narrow(0, 0, rows)?)?;
-                add_hits(&mut counts[d], best.iter().map(|r| argmax(r)), &s.labels[d + 1..])?;
+                let skip = s.prompt_len.saturating_sub(d + 2);
+                add_hits(&mut counts[d], best.iter().map(|r| argmax(r)).skip(skip), &s.labels[d + 1 + skip..])?;
             }
         }
     }
     Ok(counts.iter().map(|&(h, a)| h as f64 / a.max(1) as f64).collect())
 }
 
-/// Top-1 agreement with the target of each Medusa head over `samples`.
+/// Top-1 agreement with the target of each Medusa head over `samples`, on the guesses of
+/// tokens after each sample's prompt.
 ///
 /// # Errors
 /// Backend failures.
@@ -439,8 +446,10 @@ pub fn medusa_accuracy(head: &MedusaHead, samples: &[Sample]) -> Result<Vec<f64>
         for (i, c) in counts.iter_mut().enumerate() {
             let rows = s.tokens.len().saturating_sub(i + 1);
             if rows > 0 {
-                let best = head.forward(i, &s.states.narrow(0, 0, rows)?)?.argmax(D::Minus1)?.to_vec1::<u32>()?;
-                add_hits(c, best.into_iter().map(Ok), &s.labels[i + 1..])?;
+                // Row j guesses token j + i + 2.
+                let best = head.logits(i, &s.states.narrow(0, 0, rows)?)?;
+                let skip = s.prompt_len.saturating_sub(i + 2);
+                add_hits(c, best.iter().map(|r| argmax(r)).skip(skip), &s.labels[i + 1 + skip..])?;
             }
         }
     }

@@ -153,7 +153,7 @@ pub fn trained_heads(
                 |_, _| Ok(()),
             )?;
         } else if let Some(m) = head.medusa(&cut)? {
-            let teacher = specdec::heads::OutputHead::Dense(cut.output.clone());
+            let teacher = specdec::heads::HeadMatrix::Dense(cut.output.clone());
             train::fit(
                 &head,
                 set.len(),
