@@ -56,6 +56,12 @@ struct Args {
     /// Passes for the Medusa heads (default: --epochs).
     #[arg(long)]
     medusa_epochs: Option<usize>,
+    /// Also train on this many tokens of Markdown text (the crates Cargo.lock names, from the
+    /// local cargo registry: the same files on every machine that built this crate), in chunks
+    /// of 256 tokens, read by the target in one pass each (no generation): more data than
+    /// generation can make in the time.
+    #[arg(long, default_value_t = 0)]
+    corpus_tokens: usize,
     /// Score against the target's top-1 only, not its whole next-token distribution.
     #[arg(long)]
     hard_labels: bool,
@@ -100,6 +106,20 @@ fn main() -> Result<()> {
         samples.into_iter().enumerate().partition(|(i, _)| (i + 1) % args.holdout_every.max(2) != 0);
     let (train, held): (Vec<Sample>, Vec<Sample>) =
         (train.into_iter().map(|p| p.1).collect(), held.into_iter().map(|p| p.1).collect());
+    let mut train = train;
+    if args.corpus_tokens > 0 {
+        let t0 = Instant::now();
+        let mut teacher = Llama::new(weights.clone())?;
+        let chunks = corpus(&tok, args.corpus_tokens)?;
+        for c in &chunks {
+            train.push(Sample::record(&mut teacher, c, &[Tap::Final])?);
+        }
+        println!(
+            "corpus: {} chunks of Markdown read by the target in {:.0} s",
+            chunks.len(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let tokens: usize = train.iter().map(|s| s.tokens.len()).sum();
     let held_tokens: usize = held.iter().map(|s| s.tokens.len()).sum();
     println!(
@@ -321,4 +341,59 @@ fn with_prompt_lens(mut samples: Vec<Sample>, args: &Args, tok: &Tokenizer) -> R
         }
     }
     Ok(samples)
+}
+
+/// Up to `max` tokens of the Markdown files (READMEs, docs; no changelogs or licences) of the
+/// crates `Cargo.lock` names, found in the local cargo registry, in sorted order, each file
+/// once, cut into chunks of 256 tokens.
+fn corpus(tok: &Tokenizer, max: usize) -> Result<Vec<Vec<u32>>> {
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))?;
+    let mut crates: Vec<String> = Vec::new();
+    let mut name = None;
+    for line in lock.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = Some(n.trim_matches('"').to_string());
+        } else if let (Some(v), Some(n)) = (line.strip_prefix("version = "), name.take()) {
+            crates.push(format!("{n}-{}", v.trim_matches('"')));
+        }
+    }
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"));
+    let mut files = Vec::new();
+    for index in std::fs::read_dir(home.join("registry/src"))?.filter_map(|e| e.ok()) {
+        for c in &crates {
+            markdown_files(&index.path().join(c), &mut files);
+        }
+    }
+    files.sort();
+    let (mut seen, mut chunks, mut total) = (std::collections::HashSet::new(), Vec::new(), 0);
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        if !seen.insert(text.clone()) {
+            continue;
+        }
+        for chunk in tok.encode(&text)?.chunks(256).filter(|c| c.len() >= 32) {
+            if total >= max {
+                return Ok(chunks);
+            }
+            total += chunk.len();
+            chunks.push(chunk.to_vec());
+        }
+    }
+    Ok(chunks)
+}
+
+fn markdown_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.filter_map(|e| e.ok()) {
+        let path = e.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+        let skip = ["changelog", "license", "licence", "contributing", "code_of_conduct", "security"];
+        if path.is_dir() {
+            markdown_files(&path, out);
+        } else if name.ends_with(".md") && !skip.iter().any(|s| name.contains(s)) {
+            out.push(path);
+        }
+    }
 }

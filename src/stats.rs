@@ -201,6 +201,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn acceptance_by_depth_counts_the_rounds_that_reached_each_depth() {
+        let mut s = Stats::default();
+        s.record_depths(3, 3); // all three accepted
+        s.record_depths(3, 1); // the second rejected, the third never tried
+        s.record_depths(2, 0); // the first rejected
+        assert_eq!(s.by_depth, vec![(3, 2), (2, 1), (1, 1)]);
+        let mut total = Stats::default();
+        total += &s;
+        total += &s;
+        assert_eq!(total.acceptance_by_depth(), vec![2.0 / 3.0, 0.5, 1.0]);
+    }
+
+    #[test]
     fn seed_formula_values() {
         assert!((predicted_speedup(4.0, 1.0, 0.15) - 3.125).abs() < 1e-12);
         assert!((expected_tokens_per_call(4.0, 0.416) - 1.6911).abs() < 1e-3);
