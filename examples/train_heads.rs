@@ -62,6 +62,10 @@ struct Args {
     /// generation can make in the time.
     #[arg(long, default_value_t = 0)]
     corpus_tokens: usize,
+    /// Train nothing: report the held-out accuracy of the heads already in --out (the data come
+    /// from --data).
+    #[arg(long)]
+    eval_only: bool,
     /// Score against the target's top-1 only, not its whole next-token distribution.
     #[arg(long)]
     hard_labels: bool,
@@ -106,6 +110,9 @@ fn main() -> Result<()> {
         samples.into_iter().enumerate().partition(|(i, _)| (i + 1) % args.holdout_every.max(2) != 0);
     let (train, held): (Vec<Sample>, Vec<Sample>) =
         (train.into_iter().map(|p| p.1).collect(), held.into_iter().map(|p| p.1).collect());
+    if args.eval_only {
+        return evaluate(&args, &weights, &parts, &held);
+    }
     let mut train = train;
     if args.corpus_tokens > 0 {
         let t0 = Instant::now();
@@ -396,4 +403,35 @@ fn markdown_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+/// Held-out top-1 agreement (on the target's own tokens after the prompts) of the heads in
+/// `--out`, with the draft vocabularies they carry.
+fn evaluate(
+    args: &Args,
+    weights: &std::sync::Arc<specdec::LlamaWeights>,
+    parts: &TargetParts,
+    held: &[Sample],
+) -> Result<()> {
+    use specdec::heads::{EagleHead, HeadFiles, MedusaHead};
+    let dir = |k: &str| args.out.join(k).to_string_lossy().into_owned();
+    let mut report = serde_json::Map::new();
+    if let Ok(files) = HeadFiles::open(&dir("eagle"), &Device::Cpu) {
+        let head = EagleHead::load(files, EagleVersion::One, parts, false)?;
+        report.insert("eagle".into(), json!(train::eagle_accuracy(&head, held, 4)?));
+    }
+    if let Ok(files) = HeadFiles::open(&dir("medusa"), &Device::Cpu) {
+        report.insert("medusa".into(), json!(train::medusa_accuracy(&MedusaHead::load(files, parts, false)?, held)?));
+    }
+    if let Ok(files) = HeadFiles::open(&dir("eagle3"), &Device::Cpu) {
+        let head = EagleHead::load(files, EagleVersion::Three, parts, false)?;
+        let mut target = Llama::new(weights.clone())?;
+        let held3: Vec<Sample> = held
+            .iter()
+            .map(|s| Ok(Sample { prompt_len: s.prompt_len, ..Sample::record(&mut target, &s.tokens, head.taps())? }))
+            .collect::<Result<_>>()?;
+        report.insert("eagle3".into(), json!(train::eagle_accuracy(&head, &held3, 4)?));
+    }
+    println!("held-out top-1 by depth/head, on generated tokens: {}", serde_json::Value::Object(report));
+    Ok(())
 }
