@@ -21,11 +21,15 @@ pub enum HeadMatrix {
 }
 
 impl HeadMatrix {
-    /// The quantized copy of dense weights.
+    /// A Q8_0 copy of dense weights; weights whose rows are not whole 32-value blocks stay
+    /// dense.
     ///
     /// # Errors
-    /// Backend failures; a width Q8_0 cannot block (not a multiple of 32).
+    /// Backend failures.
     pub fn quantize(weights: &Tensor) -> Result<Self> {
+        if !weights.dims().last().is_some_and(|c| c.is_multiple_of(GgmlDType::Q8_0.block_size())) {
+            return Ok(Self::Dense(weights.clone()));
+        }
         let q = QTensor::quantize(weights, GgmlDType::Q8_0)?;
         Ok(Self::Quantized(Arc::new(QMatMul::from_qtensor(q)?)))
     }
