@@ -35,7 +35,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.stats.tree_rounds += 1;
         let at = path.path.last().copied();
         self.stats.rejections += usize::from(tree.parents().contains(&at));
-        let deepest = shape_depth(&tree);
+        let deepest = (0..tree.len()).map(|i| tree.depth(i) + 1).max().unwrap_or(0);
         self.stats.record_depths(deepest, accepted);
         // The drafter may hold drafted tokens of the tree's first path: those the accepted path
         // shares are right.
@@ -105,9 +105,4 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         };
         Ok((tokens, verdict))
     }
-}
-
-/// How many levels a drafted tree has.
-fn shape_depth(tree: &DraftTree) -> usize {
-    tree.shape().map_or(0, |s| (0..s.len()).map(|i| s.depth(i)).max().unwrap_or(0))
 }

@@ -179,6 +179,20 @@ impl DraftTree {
         self.rows[i].as_deref()
     }
 
+    /// Node `n` and its ancestors, `n` first.
+    pub fn line(&self, n: usize) -> Vec<usize> {
+        let mut line = vec![n];
+        while let Some(p) = line.last().and_then(|&at| self.parents.get(at).copied().flatten()) {
+            line.push(p);
+        }
+        line
+    }
+
+    /// How far node `n` lies below the root (0 for the root's children).
+    pub fn depth(&self, n: usize) -> usize {
+        self.line(n).len() - 1
+    }
+
     /// The path of first children from the root.
     pub fn first_path(&self) -> Vec<usize> {
         let mut path: Vec<usize> = Vec::new();
@@ -296,6 +310,18 @@ fn top_indices(row: &[f32], width: usize, skip: Option<u32>, keep: impl Fn(f32) 
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn a_nodes_line_runs_up_to_the_root() -> Result<()> {
+        let mut tree = DraftTree::new();
+        let a = tree.push(5, None)?;
+        let b = tree.push(6, None)?;
+        let c = tree.push(7, Some(a))?;
+        let d = tree.push(8, Some(c))?;
+        assert_eq!(tree.line(d), vec![d, c, a]);
+        assert_eq!([tree.depth(a), tree.depth(b), tree.depth(c), tree.depth(d)], [0, 0, 1, 2]);
+        Ok(())
+    }
 
     #[test]
     fn budgets_are_checked_and_parse() -> Result<()> {

@@ -122,7 +122,7 @@ impl HeadFiles {
         let path = Path::new(spec);
         let dir = if path.is_dir() {
             path.to_path_buf()
-        } else if !path.exists() && spec.split('/').count() == 2 && !spec.starts_with('.') {
+        } else if !path.exists() && crate::loading::hub::is_repo_id(spec) {
             crate::loading::hub::fetch_head(spec, None)?
         } else {
             return Err(Error::Load {

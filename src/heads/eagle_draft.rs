@@ -108,25 +108,16 @@ impl EagleDraft {
         let mut slot_node: Vec<usize> = Vec::new();
         let grown = grow(budget, picker, root_row, |all, frontier| {
             states.resize(all.len(), None);
-            let ancestors = |mut n: usize| {
-                let mut up = vec![n];
-                while let Some(p) = all.parents()[n] {
-                    up.push(p);
-                    n = p;
-                }
-                up
-            };
             let inputs = frontier
                 .iter()
                 .map(|&n| all.parents()[n].map_or(Some(root.clone()), |p| states[p].clone()))
                 .collect::<Option<Vec<Tensor>>>()
                 .ok_or(Error::NotReady("a tree node's parent has no state"))?;
             let x = Tensor::cat(&inputs, 0)?.unsqueeze(0)?;
-            let depth = |n: usize| ancestors(n).len() - 1;
-            let positions: Vec<usize> = frontier.iter().map(|&n| base + depth(n)).collect();
+            let positions: Vec<usize> = frontier.iter().map(|&n| base + all.depth(n)).collect();
             let (cos, sin) = rope_tables(&positions, self.head.head_dim(), self.head.rope_theta(), &dev)?;
             let first = base + slot_node.len();
-            let lines: Vec<Vec<usize>> = frontier.iter().map(|&n| ancestors(n)).collect();
+            let lines: Vec<Vec<usize>> = frontier.iter().map(|&n| all.line(n)).collect();
             let m = mask(frontier.len(), first + frontier.len(), &dev, |r, c| {
                 c < base || (c >= first && c - first == r) || (c < first && lines[r].contains(&slot_node[c - base]))
             })?;

@@ -103,14 +103,15 @@ impl Features {
     }
 }
 
-/// Row `i` of each tap, concatenated, for every row: `taps` holds `tokens × hidden` each.
-pub(crate) fn interleave(taps: &[Vec<f32>], tokens: usize) -> Vec<f32> {
+/// Row `i` of each tap, concatenated, for every row: `taps` holds `tokens × hidden` each (one
+/// tap is passed through as it is).
+pub(crate) fn interleave(mut taps: Vec<Vec<f32>>, tokens: usize) -> Vec<f32> {
     if taps.len() == 1 {
-        return taps[0].clone();
+        return taps.pop().unwrap_or_default();
     }
     let mut out = Vec::with_capacity(taps.iter().map(Vec::len).sum());
     for i in 0..tokens {
-        for t in taps {
+        for t in &taps {
             let h = t.len() / tokens.max(1);
             out.extend_from_slice(&t[i * h..(i + 1) * h]);
         }

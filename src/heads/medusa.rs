@@ -194,12 +194,8 @@ impl DraftModel for MedusaDraft {
             frontier
                 .iter()
                 .map(|&n| {
-                    let mut depth = 1;
-                    let mut at = n;
-                    while let Some(p) = all.parents()[at] {
-                        depth += 1;
-                        at = p;
-                    }
+                    // The frontier node's children are one level below it.
+                    let depth = all.depth(n) + 1;
                     if rows[depth].is_none() {
                         rows[depth] = Some(self.row(b, first + depth)?);
                     }

@@ -37,6 +37,11 @@ pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
     snapshot(repo, &config)
 }
 
+/// Whether `spec`, naming nothing on disk, reads as a hub repository id (`org/name`).
+pub fn is_repo_id(spec: &str) -> bool {
+    spec.split('/').count() == 2 && !spec.starts_with('.') && !spec.starts_with('/')
+}
+
 /// A function that finds `file` of the hub model `repo` in the cache or downloads it.
 fn getter(repo: &str, cache_dir: Option<PathBuf>) -> Result<impl Fn(&str) -> Result<PathBuf> + '_> {
     let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);

@@ -62,8 +62,7 @@ impl ModelFiles {
         if path.is_file() || spec.ends_with(".gguf") {
             return Ok(Self::Gguf(path.to_path_buf()));
         }
-        let looks_like_repo = spec.split('/').count() == 2 && !spec.starts_with('.') && !spec.starts_with('/');
-        if looks_like_repo {
+        if hub::is_repo_id(spec) {
             return hub::fetch(spec, None).map(Self::HfDir);
         }
         Err(Error::Load {

@@ -219,7 +219,7 @@ impl Llama {
         let taps = self.record.as_ref().map_or(&[][..], |(t, _)| &t[..]);
         let (data, hidden) = self.instance.forward_tree(c, &self.layers, self.len, tokens, tree, taps)?;
         if let Some((_, f)) = &self.record {
-            f.set_tree(interleave(&hidden, tokens.len()));
+            f.set_tree(interleave(hidden, tokens.len()));
         }
         self.tree = Some(tree.clone());
         Logits::new(data, c.vocab_size)
@@ -259,13 +259,12 @@ impl Llama {
         if !self.start_forward(tokens, rows)? {
             return Ok((Logits::new(Vec::new(), self.weights.config.vocab_size)?, vec![Vec::new(); taps.len()]));
         }
-        let (data, mut hidden) = self.run(tokens, rows, taps)?;
-        hidden.truncate(taps.len());
+        let (data, hidden) = self.run(tokens, rows, taps)?;
         Ok((Logits::new(data, self.weights.config.vocab_size)?, hidden))
     }
 
-    /// One forward pass with the hidden states `taps` names, then those the log records (the
-    /// log's rows written); the context grows by `tokens`.
+    /// One forward pass returning the hidden states `taps` names; the states the log records
+    /// are tapped in the same pass and written to it. The context grows by `tokens`.
     fn run(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let c = &self.weights.config;
         let mut all = taps.to_vec();
@@ -274,10 +273,10 @@ impl Llama {
         }
         // On failure `len` stays, and the next call overwrites whatever this one wrote.
         let (data, mut hidden) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, &all)?;
+        let recorded = hidden.split_off(taps.len());
         if let Some((_, f)) = &self.record {
-            f.write(self.len, &interleave(&hidden[taps.len()..], tokens.len()));
+            f.write(self.len, &interleave(recorded, tokens.len()));
         }
-        hidden.truncate(taps.len());
         self.len += tokens.len();
         Ok((data, hidden))
     }

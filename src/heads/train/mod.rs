@@ -56,7 +56,7 @@ impl Sample {
         let (logits, states) = target.forward_hidden(tokens, tokens.len(), taps)?;
         let labels = (0..logits.rows()).map(|r| argmax(logits.row(r))).collect::<Result<_>>()?;
         let width = taps.len() * target.config().hidden_size;
-        let states = Tensor::from_vec(interleave(&states, tokens.len()), (tokens.len(), width), &Device::Cpu)?;
+        let states = Tensor::from_vec(interleave(states, tokens.len()), (tokens.len(), width), &Device::Cpu)?;
         target.truncate(0)?;
         Ok(Self { tokens: tokens.to_vec(), states, labels, prompt_len: 0 })
     }
