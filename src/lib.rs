@@ -56,6 +56,8 @@
 //! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
+//! - [`batch`]: [`BatchDecoder`], several sequences per target pass, and [`BatchPolicy`], the
+//!   k of each that pays at the batch's size.
 //! - [`draft`]: [`Drafter`] (chosen at run time) and [`NGramDraft`] (prompt lookup).
 //! - [`heads`]: EAGLE-1/2, EAGLE-3 and Medusa draft heads on the target's hidden states.
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
@@ -70,6 +72,7 @@
 pub mod math;
 
 pub mod adaptive;
+pub mod batch;
 pub mod cpu;
 pub mod decoder;
 pub mod draft;
@@ -87,11 +90,12 @@ pub mod tools;
 pub mod toy;
 
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
+pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
 pub use draft::{DraftTree, Drafter, DrafterSpec, NGramDraft, TreeBudget};
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
-pub use model::{DraftModel, Logits, Proposal, TargetModel};
+pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, TreeShape, WeightFormat};
 pub use plain::PlainDecoder;
 pub use sampling::SamplingConfig;

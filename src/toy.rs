@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::error::{Error, Result};
-use crate::model::{DraftModel, Logits, Proposal, TargetModel};
+use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};
 
 /// A Markov model over `vocab` tokens whose next-token row depends on the last `order` tokens
 /// (missing positions at the start of a context count as token 0).
@@ -184,3 +184,7 @@ mod tests {
         assert!(MarkovModel::new(0, 1, vec![]).is_err());
     }
 }
+
+impl BatchTarget for MarkovModel {}
+
+impl BatchDraft for PointDraft {}

@@ -18,7 +18,7 @@ pub use tree::{Child, ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::heads::{EagleDraft, EagleHead, EagleVersion, HeadFiles, MedusaDraft, MedusaHead, TargetParts};
 use crate::loading::{check_compatible, ModelFiles};
-use crate::model::{DraftModel, Proposal};
+use crate::model::{BatchDraft, DraftModel, Proposal};
 use crate::models::{Llama, Tap, WeightFormat};
 use crate::tokenizer::Tokenizer;
 
@@ -188,5 +188,27 @@ impl DraftModel for Drafter {
             Self::Eagle(e) => e.propose_tree(tokens, budget, picker),
             Self::Medusa(m) => m.propose_tree(tokens, budget, picker),
         }
+    }
+}
+
+impl BatchDraft for Drafter {
+    /// Model drafters over shared weights propose in one forward pass; any other mix proposes
+    /// one sequence at a time.
+    fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>> {
+        let n = drafts.len();
+        let mut models: Vec<&mut Llama> = Vec::with_capacity(n);
+        for d in drafts.iter_mut() {
+            if let Self::Model(m) = &mut **d {
+                models.push(m);
+            }
+        }
+        let shared = models.windows(2).all(|w| Arc::ptr_eq(w[0].weights(), w[1].weights()));
+        if models.len() == n && shared {
+            return Llama::propose_batch(&mut models, feeds);
+        }
+        if n != feeds.len() {
+            return Err(Error::setting("batch feeds", feeds.len(), "one per draft"));
+        }
+        drafts.iter_mut().zip(feeds).map(|(d, feed)| d.propose(feed)).collect()
     }
 }

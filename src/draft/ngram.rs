@@ -158,6 +158,9 @@ impl DraftModel for NGramDraft {
     }
 }
 
+/// Proposes one sequence at a time.
+impl crate::model::BatchDraft for NGramDraft {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,3 +185,6 @@ pub(crate) fn check_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
         None => Ok(()),
     }
 }
+
+/// Proposes one sequence at a time.
+impl crate::model::BatchDraft for EagleDraft {}

@@ -206,3 +206,6 @@ impl DraftModel for MedusaDraft {
         Ok(tree)
     }
 }
+
+/// Proposes one sequence at a time.
+impl crate::model::BatchDraft for MedusaDraft {}

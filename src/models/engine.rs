@@ -2,6 +2,7 @@
 //! implemented by the native CPU engine ([`super::native`]) and by the candle engine
 //! ([`super::candle_llama`]).
 
+use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -36,11 +37,11 @@ pub enum Engine {
 /// A tree of drafts is scored by [`forward_tree`](Backend::forward_tree) (positions by depth,
 /// a mask from the parent list) and its accepted path kept by
 /// [`keep_path`](Backend::keep_path); [`forward_hidden`](Backend::forward_hidden) also hands
-/// out hidden states ([`Tap`]) for draft heads; batches will add a method for several caches in
-/// one call.
+/// out hidden states ([`Tap`]) for draft heads; [`forward_batch`](Backend::forward_batch)
+/// scores several sequences, each with its own cache, in one pass.
 pub trait Backend: Debug + Send + Sync + 'static {
     /// The KV cache of one model instance.
-    type Cache: Debug + Send;
+    type Cache: Debug + Send + 'static;
 
     /// Which engine this is.
     fn engine(&self) -> Engine;
@@ -119,10 +120,40 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Backend failures.
     fn keep_path(&self, c: &LlamaConfig, cache: &mut Self::Cache, pos: usize, path: &[usize]) -> Result<()>;
 
+    /// Runs several sequences at once: `calls[i]` on `caches[i]`, as
+    /// [`forward`](Backend::forward) would, returning each call's logits. A backend that can
+    /// streams its weights once for all the calls' rows; the default runs them one by one. The
+    /// caller checks each call as for `forward`, and that there is one cache per call.
+    ///
+    /// # Errors
+    /// Backend failures; caches that the calls before the failure wrote follow the roll-back
+    /// contract like any other.
+    fn forward_batch(
+        &self,
+        c: &LlamaConfig,
+        caches: &mut [&mut Self::Cache],
+        layers: &[usize],
+        calls: &[BatchCall],
+    ) -> Result<Vec<Vec<f32>>> {
+        caches.iter_mut().zip(calls).map(|(cache, b)| self.forward(c, cache, layers, b.pos, b.tokens, b.rows)).collect()
+    }
+
     /// Bytes of weights one token's forward pass streams, where the backend knows it.
     fn bytes_per_token(&self) -> Option<usize> {
         None
     }
+}
+
+/// One sequence's part of a [`Backend::forward_batch`] call: `tokens` at positions
+/// `pos..pos + tokens.len()`, logits for the last `rows` of them.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchCall<'a> {
+    /// Where the tokens go in the sequence's cache.
+    pub pos: usize,
+    /// The tokens.
+    pub tokens: &'a [u32],
+    /// How many logits rows come back.
+    pub rows: usize,
 }
 
 /// A hidden state a forward pass can hand out beside its logits.
@@ -147,6 +178,18 @@ pub(crate) trait AnyBackend: Debug + Send + Sync {
 
     /// As [`Backend::bytes_per_token`].
     fn bytes_per_token(&self) -> Option<usize>;
+
+    /// As [`Backend::forward_batch`] on the caches of `instances`, which this backend made.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for an instance of another backend type; backend failures.
+    fn forward_batch(
+        &self,
+        instances: &mut [&mut dyn Instance],
+        c: &LlamaConfig,
+        layers: &[usize],
+        calls: &[BatchCall],
+    ) -> Result<Vec<Vec<f32>>>;
 }
 
 impl<B: Backend> AnyBackend for B {
@@ -161,6 +204,22 @@ impl<B: Backend> AnyBackend for B {
 
     fn bytes_per_token(&self) -> Option<usize> {
         Backend::bytes_per_token(self)
+    }
+
+    fn forward_batch(
+        &self,
+        instances: &mut [&mut dyn Instance],
+        c: &LlamaConfig,
+        layers: &[usize],
+        calls: &[BatchCall],
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut caches = Vec::with_capacity(instances.len());
+        for instance in instances.iter_mut() {
+            let bound = instance.as_any_mut().downcast_mut::<Bound<B>>();
+            let bound = bound.ok_or_else(|| Error::setting("batch", "models on other engines", "one engine"))?;
+            caches.push(&mut bound.cache);
+        }
+        Backend::forward_batch(self, c, &mut caches, layers, calls)
     }
 }
 
@@ -190,6 +249,9 @@ pub(crate) trait Instance: Debug + Send {
 
     /// As [`Backend::keep_path`] on the bound cache.
     fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()>;
+
+    /// The instance as `Any`, so that its backend can find its own cache type in a batch.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 #[derive(Debug)]
@@ -225,6 +287,10 @@ impl<B: Backend> Instance for Bound<B> {
 
     fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()> {
         self.backend.keep_path(c, &mut self.cache, pos, path)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

@@ -12,10 +12,10 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::heads::features::{interleave, Features};
-use crate::model::{Logits, TargetModel};
+use crate::model::{BatchTarget, Logits, TargetModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, Engine, Instance, Tap, TreeShape};
+use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Tap, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::native::NativeWeights;
 use crate::models::tensors::TensorSource;
@@ -281,6 +281,65 @@ impl Llama {
         Ok((data, hidden))
     }
 
+    /// Runs `calls[i]` (tokens, rows) on `models[i]` as [`TargetModel::forward`] would, in one
+    /// forward pass that streams the weights once for every row (native engine; the candle
+    /// engine runs them one by one). The models must share their weights and blocks. Models
+    /// that record hidden states for a draft head run on their own.
+    ///
+    /// On failure no model's context grows (the next call overwrites what this one wrote).
+    ///
+    /// # Errors
+    /// As [`TargetModel::forward`] for each call; [`Error::InvalidSetting`] when the numbers
+    /// of models and calls differ or the models do not share their weights and blocks.
+    pub fn forward_batch(models: &mut [&mut Llama], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {
+        if models.len() != calls.len() {
+            return Err(Error::setting("batch calls", calls.len(), "one per model"));
+        }
+        let Some(first) = models.first() else { return Ok(Vec::new()) };
+        let (weights, layers) = (Arc::clone(&first.weights), first.layers.clone());
+        if models.iter().any(|m| !Arc::ptr_eq(&m.weights, &weights) || m.layers != layers) {
+            return Err(Error::setting(
+                "batch",
+                "models with other weights",
+                "models of the same LlamaWeights and blocks",
+            ));
+        }
+        let mut active = Vec::new();
+        for (i, (m, &(tokens, rows))) in models.iter_mut().zip(calls).enumerate() {
+            if m.start_forward(tokens, rows)? && m.record.is_none() {
+                active.push(i);
+            }
+        }
+        let c = &weights.config;
+        let mut out = vec![None; models.len()];
+        if active.len() > 1 {
+            let batch: Vec<BatchCall> = active
+                .iter()
+                .map(|&i| BatchCall { pos: models[i].len, tokens: calls[i].0, rows: calls[i].1 })
+                .collect();
+            let mut instances: Vec<&mut dyn Instance> = Vec::with_capacity(active.len());
+            for (i, m) in models.iter_mut().enumerate() {
+                if active.contains(&i) {
+                    instances.push(m.instance.as_mut());
+                }
+            }
+            let rows = weights.backend.forward_batch(&mut instances, c, &layers, &batch)?;
+            for (&i, data) in active.iter().zip(rows) {
+                models[i].len += calls[i].0.len();
+                out[i] = Some(Logits::new(data, c.vocab_size)?);
+            }
+        }
+        models
+            .iter_mut()
+            .zip(calls)
+            .zip(out)
+            .map(|((m, &(tokens, rows)), done)| match done {
+                Some(logits) => Ok(logits),
+                None => m.forward(tokens, rows),
+            })
+            .collect()
+    }
+
     /// The checks before a forward call; false when there is nothing to run.
     fn start_forward(&mut self, tokens: &[u32], rows: usize) -> Result<bool> {
         self.tree = None;
@@ -331,5 +390,11 @@ impl TargetModel for Llama {
 
     fn keep_path(&mut self, _tokens: &[u32], path: &[usize]) -> Result<()> {
         Llama::keep_path(self, path)
+    }
+}
+
+impl BatchTarget for Llama {
+    fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {
+        Llama::forward_batch(models, calls)
     }
 }

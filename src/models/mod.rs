@@ -19,6 +19,6 @@ pub mod native;
 pub mod tensors;
 
 pub use config::{Family, LlamaConfig};
-pub use engine::{Backend, Engine, Tap, TreeShape};
+pub use engine::{Backend, BatchCall, Engine, Tap, TreeShape};
 pub use format::WeightFormat;
 pub use llama::{Llama, LlamaWeights};

@@ -10,7 +10,7 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine, Tap, TreeShape};
+use crate::models::engine::{Backend, BatchCall, Engine, Tap, TreeShape};
 use crate::models::format::WeightFormat;
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
@@ -251,7 +251,7 @@ impl Backend for NativeWeights {
         rows: usize,
         taps: &[Tap],
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.run(c, cache, layers, pos, tokens, rows, None, taps)
+        self.run_one(c, cache, layers, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
@@ -264,7 +264,27 @@ impl Backend for NativeWeights {
         tree: &TreeShape,
         taps: &[Tap],
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.run(c, cache, layers, pos, tokens, tokens.len(), Some(tree), taps)
+        self.run_one(c, cache, layers, pos, tokens, tokens.len(), Some(tree), taps)
+    }
+
+    fn forward_batch(
+        &self,
+        c: &LlamaConfig,
+        caches: &mut [&mut NativeCache],
+        layers: &[usize],
+        calls: &[BatchCall],
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(first) = caches.first_mut() else { return Ok(Vec::new()) };
+        // The first cache lends its scratch buffers to the whole pass.
+        let mut scratch = std::mem::take(&mut first.scratch);
+        let mut parts: Vec<Part> = caches
+            .iter_mut()
+            .zip(calls)
+            .map(|(cache, b)| Part { cache: &mut cache.layers, pos: b.pos, tokens: b.tokens, rows: b.rows, tree: None })
+            .collect();
+        let out = self.run(c, &mut parts, layers, &[], &mut scratch);
+        caches[0].scratch = scratch;
+        Ok(out?.0)
     }
 
     fn keep_path(&self, c: &LlamaConfig, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {
@@ -288,11 +308,27 @@ impl Backend for NativeWeights {
     }
 }
 
+/// One sequence's part of a forward pass: its cache layers, where its tokens go, how many
+/// logits rows it wants, and its tree (`None` for a chain).
+struct Part<'a> {
+    cache: &'a mut [LayerCache],
+    pos: usize,
+    tokens: &'a [u32],
+    rows: usize,
+    tree: Option<&'a TreeShape>,
+}
+
+impl Part<'_> {
+    /// The position of this part's token `i`: `pos + i` along a chain, `pos + depth` in a tree.
+    fn position(&self, i: usize) -> usize {
+        self.pos + self.tree.map_or(i, |t| t.depth(i))
+    }
+}
+
 impl NativeWeights {
-    /// The forward pass of a chain (`tree` is `None`: token i at `pos + i`, causal) or a tree,
-    /// with the hidden states `taps` asks for (none copied when it is empty).
+    /// One sequence's chain or tree, through [`run`](Self::run).
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    fn run_one(
         &self,
         c: &LlamaConfig,
         cache: &mut NativeCache,
@@ -303,15 +339,34 @@ impl NativeWeights {
         tree: Option<&TreeShape>,
         taps: &[Tap],
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let part = Part { cache: &mut cache.layers, pos, tokens, rows, tree };
+        let (mut logits, hidden) = self.run(c, &mut [part], layers, taps, &mut cache.scratch)?;
+        Ok((logits.pop().unwrap_or_default(), hidden))
+    }
+
+    /// The forward pass of the rows of every part at once: the matrix products take all rows
+    /// together (the weights are streamed once), attention runs per part over its own cache.
+    /// Returns each part's logits and the hidden states `taps` asks for over all rows (none
+    /// copied when it is empty).
+    fn run(
+        &self,
+        c: &LlamaConfig,
+        parts: &mut [Part],
+        layers: &[usize],
+        taps: &[Tap],
+        s: &mut Scratch,
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
         let mut hidden = vec![Vec::new(); taps.len()];
-        let n = tokens.len();
+        // Each row's part and its index in the part.
+        let owner: Vec<(usize, usize)> =
+            parts.iter().enumerate().flat_map(|(p, part)| (0..part.tokens.len()).map(move |i| (p, i))).collect();
+        let n = owner.len();
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
         let shape = Shape { heads: c.num_heads, kv_heads: c.num_kv_heads, head_dim: hd };
         let eps = c.rms_norm_eps as f32;
-        let s = &mut cache.scratch;
         s.x.clear();
-        for &t in tokens {
+        for &t in parts.iter().flat_map(|p| p.tokens) {
             self.embed.row_into(t as usize, &mut s.x);
         }
         if c.family.gemma() {
@@ -319,17 +374,16 @@ impl NativeWeights {
             s.x.iter_mut().for_each(|x| *x *= scale);
         }
         let half = hd / 2;
-        // Each token's position: pos + i along a chain, pos + depth in a tree.
-        let position = |i: usize| pos + tree.map_or(i, |t| t.depth(i));
+        let positions: Vec<usize> = owner.iter().map(|&(p, i)| parts[p].position(i)).collect();
         let angles = |table: &[f32]| -> Vec<f32> {
-            (0..n).flat_map(|i| &table[position(i) * half..][..half]).copied().collect()
+            positions.iter().flat_map(|&at| &table[at * half..][..half]).copied().collect()
         };
         // Per kind of layer (global, then sliding-window where the model has a window): each
-        // token's rotation, and the first position it sees (its last `w`, itself included).
+        // row's rotation, and the first position it sees (its last `w`, itself included).
         let kinds: Vec<(Vec<f32>, Vec<f32>, Vec<usize>)> = (self.cos.iter().zip(&self.sin))
             .zip([None, c.sliding_window])
             .map(|((cos, sin), window)| {
-                let first = (0..n).map(|i| window.map_or(0, |w| (position(i) + 1).saturating_sub(w))).collect();
+                let first = positions.iter().map(|&at| window.map_or(0, |w| (at + 1).saturating_sub(w))).collect();
                 (angles(cos), angles(sin), first)
             })
             .collect();
@@ -343,12 +397,14 @@ impl NativeWeights {
             if let Some(bias) = &b.qkv_bias {
                 s.qkv.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
             }
-            // Split q|k|v rows, rotate q and k, append k and v to the cache.
+            // Split q|k|v rows, rotate q and k, append k and v to each part's cache.
             s.q.clear();
             s.k.clear();
-            let kv = &mut cache.layers[slot];
-            kv.values.truncate(pos * kv_out);
-            for row in s.qkv.chunks_exact(q_out + 2 * kv_out) {
+            for (row, &(p, i)) in s.qkv.chunks_exact(q_out + 2 * kv_out).zip(&owner) {
+                let kv = &mut parts[p].cache[slot];
+                if i == 0 {
+                    kv.values.truncate(parts[p].pos * kv_out);
+                }
                 s.q.extend_from_slice(&row[..q_out]);
                 s.k.extend_from_slice(&row[q_out..q_out + kv_out]);
                 kv.values.extend_from_slice(&row[q_out + kv_out..]);
@@ -363,13 +419,18 @@ impl NativeWeights {
             }
             attention::rope(&mut s.q, c.num_heads, hd, cos, sin);
             attention::rope(&mut s.k, c.num_kv_heads, hd, cos, sin);
-            kv.keys.resize_with(c.num_kv_heads, Default::default);
-            for (h, blocks) in kv.keys.iter_mut().enumerate() {
-                for (i, row) in s.k.chunks_exact(kv_out).enumerate() {
-                    attention::store_key(blocks, hd, pos + i, &row[h * hd..(h + 1) * hd]);
+            for (row, &(p, i)) in s.k.chunks_exact(kv_out).zip(&owner) {
+                let (kv, at) = (&mut parts[p].cache[slot], parts[p].pos + i);
+                kv.keys.resize_with(c.num_kv_heads, Default::default);
+                for (h, blocks) in kv.keys.iter_mut().enumerate() {
+                    attention::store_key(blocks, hd, at, &row[h * hd..(h + 1) * hd]);
                 }
             }
-            attend(shape, &s.q, &kv.keys, &kv.values, pos, first, tree, &mut s.att);
+            let views: Vec<View> = parts
+                .iter()
+                .map(|p| View { keys: &p.cache[slot].keys, values: &p.cache[slot].values, pos: p.pos, tree: p.tree })
+                .collect();
+            attend(shape, &s.q, &views, &owner, first, &mut s.att);
             b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
             add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[0][..]), eps, &mut s.xb);
             attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
@@ -387,15 +448,36 @@ impl NativeWeights {
             hidden[k].resize(n * h, 0.0);
             attention::rms_norm(&s.x, &self.norm, eps, &mut hidden[k]);
         }
-        if rows == 0 {
-            return Ok((Vec::new(), hidden));
+        Ok((self.logits(c, parts, s), hidden))
+    }
+
+    /// The logits of each part's last `rows` rows of the final residual stream `s.x`, in one
+    /// product with the output head.
+    fn logits(&self, c: &LlamaConfig, parts: &[Part], s: &mut Scratch) -> Vec<Vec<f32>> {
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps as f32);
+        s.tmp.clear();
+        let mut end = 0;
+        for p in parts {
+            end += p.tokens.len();
+            s.tmp.extend_from_slice(&s.x[(end - p.rows) * h..end * h]);
         }
-        let last = &s.x[(n - rows) * h..];
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        if rows == 0 {
+            return vec![Vec::new(); parts.len()];
+        }
         s.xb.resize(rows * h, 0.0);
-        attention::rms_norm(last, &self.norm, eps, &mut s.xb[..rows * h]);
-        let mut logits = Vec::new();
-        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut logits, &mut s.acts);
-        Ok((logits, hidden))
+        attention::rms_norm(&s.tmp, &self.norm, eps, &mut s.xb[..rows * h]);
+        let mut all = Vec::new();
+        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut all, &mut s.acts);
+        let mut rest = &all[..];
+        parts
+            .iter()
+            .map(|p| {
+                let (mine, after) = rest.split_at(p.rows * c.vocab_size);
+                rest = after;
+                mine.to_vec()
+            })
+            .collect()
     }
 }
 
@@ -422,33 +504,32 @@ fn add_residual(x: &mut [f32], y: &[f32], post_norm: Option<&[f32]>, eps: f32, s
     x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
 }
 
-/// Attention of `first.len()` new rows at `pos` over the cache (row i sees cache positions
-/// from `first[i]` on), the (row, head) pairs shared out over the thread team; `out` is
-/// resized to n × heads·hd.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    s: Shape,
-    q: &[f32],
-    keys: &[Vec<f32>],
-    values: &[f32],
+/// What one part's attention reads: its cache layer, where its new rows start, its tree.
+struct View<'a> {
+    keys: &'a [Vec<f32>],
+    values: &'a [f32],
     pos: usize,
-    first: &[usize],
-    tree: Option<&TreeShape>,
-    out: &mut Vec<f32>,
-) {
-    let (hd, n) = (s.head_dim, first.len());
+    tree: Option<&'a TreeShape>,
+}
+
+/// Attention of the new rows (row r is row `owner[r].1` of part `owner[r].0`, and sees that
+/// part's cache positions from `first[r]` on), the (row, head) pairs shared out over the
+/// thread team; `out` is resized to rows × heads·hd.
+fn attend(s: Shape, q: &[f32], views: &[View], owner: &[(usize, usize)], first: &[usize], out: &mut Vec<f32>) {
+    let (hd, n) = (s.head_dim, owner.len());
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);
     team().run(n * s.heads, 1, &|items| {
-        let mut scores = Vec::with_capacity(pos + n);
+        let mut scores = Vec::new();
         for item in items {
-            let (i, h) = (item / s.heads, item % s.heads);
-            let qv = &q[(i * s.heads + h) * hd..][..hd];
+            let (r, h) = (item / s.heads, item % s.heads);
+            let (i, v) = (owner[r].1, &views[owner[r].0]);
+            let qv = &q[(r * s.heads + h) * hd..][..hd];
             // SAFETY: each (row, head) item owns its own hd-wide slot of `out`.
             let slot = unsafe { dst.slice(item * hd, hd) };
             let kv_head = h / (s.heads / s.kv_heads);
-            let sees = tree.map_or(&[][..], |t| t.sees(i));
-            attention::head(s, qv, &keys[kv_head], values, first[i], pos + i + 1, sees, h, &mut scores, slot);
+            let sees = v.tree.map_or(&[][..], |t| t.sees(i));
+            attention::head(s, qv, &v.keys[kv_head], v.values, first[r], v.pos + i + 1, sees, h, &mut scores, slot);
         }
     });
 }

@@ -1,0 +1,353 @@
+//! Batched speculative decoding: several sequences, each with its own models, settings, seed,
+//! stop rule and drafts, verified together in one target pass per step.
+//!
+//! Sequences join ([`BatchDecoder::add`]) and leave (finished ones are collected with
+//! [`BatchDecoder::take_finished`]) between steps: continuous batching at the library level.
+//! Each [`step`](BatchDecoder::step) drafts for every sequence with k > 0 (one batched draft
+//! call per depth), scores every sequence's pending token and drafts in one
+//! [`BatchTarget::forward_batch`] call, and judges each sequence with the same exact kernel as
+//! the single-sequence [`SpeculativeDecoder`](crate::SpeculativeDecoder). A sequence with k = 0
+//! takes a plain step. The [`BatchPolicy`] picks the k's.
+
+mod policy;
+mod sequence;
+
+use std::time::Instant;
+
+pub use policy::{BatchCosts, BatchPolicy};
+use sequence::Sequence;
+
+use crate::decoder::{pending, StopRule};
+use crate::error::{Error, Result};
+use crate::model::{BatchDraft, BatchTarget};
+use crate::sampling::SamplingConfig;
+use crate::stats::Generation;
+
+/// A sequence's handle in a [`BatchDecoder`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// What to generate for one sequence: the prompt, sampling settings (with their seed) and the
+/// stop rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The prompt's tokens.
+    pub prompt: Vec<u32>,
+    /// Sampling settings, applied alike to this sequence's drafts and target rows.
+    pub sampling: SamplingConfig,
+    /// When this sequence ends.
+    pub stop: StopRule,
+    /// A fixed k for this sequence alone, whatever the batch's policy (0: plain steps).
+    pub k: Option<usize>,
+}
+
+impl Request {
+    /// Greedy, 128 new tokens, no stop token.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        Self { prompt, sampling: SamplingConfig::greedy(), stop: StopRule::default(), k: None }
+    }
+
+    /// Drafts `k` tokens every step for this sequence, whatever the batch's policy.
+    pub fn k(mut self, k: usize) -> Self {
+        self.k = Some(k);
+        self
+    }
+
+    /// Sampling settings (default greedy).
+    pub fn sampling(mut self, sampling: SamplingConfig) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// The most tokens to generate.
+    pub fn max_new_tokens(mut self, n: usize) -> Self {
+        self.stop.max_new_tokens = n;
+        self
+    }
+
+    /// Tokens that end the sequence.
+    pub fn stop_tokens(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
+        self.stop.stop_tokens = tokens.into_iter().collect();
+        self
+    }
+}
+
+/// A finished sequence: its generation, and its models handed back for another request.
+#[derive(Debug)]
+pub struct Finished<D, T> {
+    /// Which sequence.
+    pub id: SeqId,
+    /// Its tokens, why it ended, and its statistics (times count every step it took part in).
+    pub generation: Generation,
+    /// Its draft model.
+    pub draft: D,
+    /// Its target model.
+    pub target: T,
+}
+
+/// The most rows the adaptive policy puts in one target pass (and measures T for).
+const MAX_ROWS: usize = 128;
+
+/// Speculative decoding of a batch of sequences; see the [module docs](self).
+///
+/// A failed step leaves every sequence's tokens in place and its models rolled back to them,
+/// so `step` can be called again; if even the roll-back fails, `step` reports
+/// [`Error::NotReady`] from then on.
+///
+/// # Example
+/// ```
+/// use specdec::batch::{BatchDecoder, BatchPolicy, Request};
+/// use specdec::{toy::MarkovModel, SamplingConfig};
+/// let (target, draft) = MarkovModel::pair(16, 0.2, 7);
+/// let mut batch = BatchDecoder::new(BatchPolicy::Fixed(3))?;
+/// batch.add(draft.clone(), target.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
+/// let sampled = SamplingConfig::new(0.8)?.with_seed(5);
+/// batch.add(draft, target, Request::new(vec![3]).sampling(sampled).max_new_tokens(10))?;
+/// let done = batch.run()?;
+/// assert_eq!(done.len(), 2);
+/// # Ok::<(), specdec::Error>(())
+/// ```
+pub struct BatchDecoder<D, T> {
+    seqs: Vec<Sequence<D, T>>,
+    finished: Vec<Finished<D, T>>,
+    policy: BatchPolicy,
+    costs: BatchCosts,
+    next_id: u64,
+    ready: bool,
+}
+
+impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
+    /// An empty batch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for a policy out of range (see [`BatchPolicy::check`]).
+    pub fn new(policy: BatchPolicy) -> Result<Self> {
+        Ok(Self {
+            seqs: Vec::new(),
+            finished: Vec::new(),
+            policy: policy.check()?,
+            costs: BatchCosts::default(),
+            next_id: 0,
+            ready: true,
+        })
+    }
+
+    /// Adds a sequence that generates `request` with its own `draft` and `target` (for
+    /// [`Llama`](crate::Llama), instances over the same shared weights as the other
+    /// sequences', so that one pass serves them all). Both are reset and fed the prompt.
+    ///
+    /// # Errors
+    /// [`Error::VocabMismatch`], bad prompts and stop tokens, model failures (the batch is
+    /// unchanged).
+    pub fn add(&mut self, draft: D, target: T, request: Request) -> Result<SeqId> {
+        let id = SeqId(self.next_id);
+        let drafts = request.k.map_or(self.policy != BatchPolicy::Plain, |k| k > 0);
+        if let Some(k) = request.k {
+            BatchPolicy::Fixed(k).check()?;
+        }
+        let seq = Sequence::start(id, draft, target, request, drafts)?;
+        self.next_id += 1;
+        self.seqs.push(seq);
+        self.retire();
+        Ok(id)
+    }
+
+    /// Sequences still generating.
+    pub fn active(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// The policy that picks each sequence's k.
+    pub fn policy(&self) -> BatchPolicy {
+        self.policy
+    }
+
+    /// The measured costs the adaptive policy decides from.
+    pub fn costs(&self) -> &BatchCosts {
+        &self.costs
+    }
+
+    /// Takes the sequences that finished since the last call, in the order they finished.
+    pub fn take_finished(&mut self) -> Vec<Finished<D, T>> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Steps until every sequence has finished and returns them all (with any finished
+    /// before and not yet taken).
+    ///
+    /// # Errors
+    /// As [`step`](Self::step).
+    pub fn run(&mut self) -> Result<Vec<Finished<D, T>>> {
+        while !self.seqs.is_empty() {
+            self.step()?;
+        }
+        Ok(self.take_finished())
+    }
+
+    /// One step for every active sequence. Returns each sequence's new tokens (finished
+    /// sequences move to [`take_finished`](Self::take_finished)).
+    ///
+    /// # Errors
+    /// [`Error::NotReady`] after a failed roll-back; model failures (see the type's docs).
+    pub fn step(&mut self) -> Result<Vec<(SeqId, Vec<u32>)>> {
+        if !self.ready {
+            return Err(Error::NotReady("a failed step could not roll the models back"));
+        }
+        let before: Vec<usize> = self.seqs.iter().map(|s| s.ctx.len()).collect();
+        let start = Instant::now();
+        if let Err(e) = self.round() {
+            self.ready = self.seqs.iter_mut().all(Sequence::resync);
+            return Err(e);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let new = self
+            .seqs
+            .iter_mut()
+            .zip(before)
+            .map(|(s, n)| {
+                s.stats.decode_secs += secs;
+                (s.id, s.ctx[n..].to_vec())
+            })
+            .collect();
+        self.retire();
+        Ok(new)
+    }
+
+    /// Moves finished sequences to the finished list.
+    fn retire(&mut self) {
+        let mut i = 0;
+        while i < self.seqs.len() {
+            match self.seqs[i].finish {
+                Some(_) => {
+                    let s = self.seqs.remove(i);
+                    self.finished.push(s.into_finished());
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    /// Chooses the k's, drafts, verifies in one pass and judges every sequence.
+    fn round(&mut self) -> Result<()> {
+        let ks = self.choose_ks()?;
+        self.catch_up(&ks)?;
+        let depth = ks.iter().copied().max().unwrap_or(0);
+        for s in &mut self.seqs {
+            s.new_block();
+        }
+        for j in 0..depth {
+            let active: Vec<usize> = (0..self.seqs.len()).filter(|&i| ks[i] > j && self.seqs[i].drafting).collect();
+            if active.is_empty() {
+                break;
+            }
+            let start = Instant::now();
+            let proposals = {
+                let mut drafts: Vec<&mut D> = Vec::with_capacity(active.len());
+                let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(active.len());
+                for (_, s) in self.seqs.iter_mut().enumerate().filter(|(i, _)| active.contains(i)) {
+                    feeds.push(s.draft_feed()?);
+                    drafts.push(&mut s.draft);
+                }
+                let feeds: Vec<&[u32]> = feeds.iter().map(Vec::as_slice).collect();
+                D::propose_batch(&mut drafts, &feeds)?
+            };
+            let secs = start.elapsed().as_secs_f64();
+            self.costs.observe_draft(active.len(), secs);
+            for (&i, proposal) in active.iter().zip(proposals) {
+                self.seqs[i].take_proposal(proposal, secs)?;
+            }
+        }
+        let start = Instant::now();
+        let logits = {
+            let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.seqs.len());
+            let mut targets: Vec<&mut T> = Vec::with_capacity(self.seqs.len());
+            for s in &mut self.seqs {
+                feeds.push(s.target_feed()?);
+                targets.push(&mut s.target);
+            }
+            let calls: Vec<(&[u32], usize)> = feeds.iter().map(|f| (f.as_slice(), f.len())).collect();
+            T::forward_batch(&mut targets, &calls)?
+        };
+        let secs = start.elapsed().as_secs_f64();
+        let rows: usize = logits.iter().map(|l| l.rows()).sum();
+        self.costs.observe_target(rows, secs);
+        for (s, rows) in self.seqs.iter_mut().zip(logits) {
+            s.judge(&rows, secs)?;
+        }
+        Ok(())
+    }
+
+    /// Each sequence's k for this step, by the policy (never past its last token).
+    fn choose_ks(&mut self) -> Result<Vec<usize>> {
+        let limits: Vec<usize> = self.seqs.iter().map(|s| s.remaining().saturating_sub(1)).collect();
+        let chosen = match self.policy {
+            BatchPolicy::Plain => vec![0; self.seqs.len()],
+            BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
+            BatchPolicy::Adaptive { max_k } => {
+                if !self.costs.has_target(1) {
+                    self.calibrate()?;
+                }
+                // The most rows measured bounds the step's rows.
+                let cap = (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1);
+                let limits: Vec<usize> = limits.iter().map(|&l| l.min(max_k).min(cap)).collect();
+                let alpha: Vec<f64> = self.seqs.iter().map(Sequence::alpha).collect();
+                self.costs.choose(&alpha, &limits)
+            }
+        };
+        // Sequences with a k of their own keep it.
+        Ok((self.seqs.iter().zip(chosen).zip(limits))
+            .map(|((s, k), limit)| s.fixed_k.map_or(k, |own| own.min(limit)))
+            .collect())
+    }
+
+    /// Measures T(m) on the first sequence's target: m copies of its last token scored after
+    /// its context, then rolled back, for m from 1 to 128 (fewer where the context runs out).
+    fn calibrate(&mut self) -> Result<()> {
+        let Some(s) = self.seqs.first_mut() else { return Ok(()) };
+        let (base, token) = (s.target.context_len(), s.ctx[s.ctx.len() - 1]);
+        // The first call warms buffers and threads up; it is not kept.
+        for (n, m) in [1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, MAX_ROWS].into_iter().enumerate() {
+            let start = Instant::now();
+            let scored = s.target.forward(&vec![token; m], m);
+            let secs = start.elapsed().as_secs_f64();
+            s.target.truncate(base)?;
+            if scored.is_err() {
+                break;
+            }
+            if n > 0 {
+                self.costs.observe_target(m, secs);
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds the drafts of the sequences about to draft, in one batched call, all but the last
+    /// of the tokens they missed while they decoded plainly (see the single decoder's
+    /// catch-up); their proposals are not used.
+    fn catch_up(&mut self, ks: &[usize]) -> Result<()> {
+        let mut drafts: Vec<&mut D> = Vec::new();
+        let mut feeds: Vec<&[u32]> = Vec::new();
+        for (s, _) in self.seqs.iter_mut().zip(ks).filter(|(_, &k)| k > 0) {
+            let missed = pending(&s.ctx, s.draft.context_len(), "draft")?;
+            if missed.len() > 2 {
+                feeds.push(&missed[..missed.len() - 1]);
+                drafts.push(&mut s.draft);
+            }
+        }
+        if !drafts.is_empty() {
+            D::propose_batch(&mut drafts, &feeds)?;
+        }
+        Ok(())
+    }
+}
+
+impl<D, T> std::fmt::Debug for BatchDecoder<D, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchDecoder")
+            .field("active", &self.seqs.len())
+            .field("finished", &self.finished.len())
+            .field("policy", &self.policy)
+            .field("costs", &self.costs)
+            .finish()
+    }
+}

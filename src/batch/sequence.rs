@@ -1,0 +1,220 @@
+//! One sequence of a batch: its models, context, settings, random number generator, the
+//! block it is drafting, and its acceptance estimate.
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::{Finished, Request, SeqId};
+use crate::decoder::{check_prompt, pending, StopRule};
+use crate::error::{Error, Result};
+use crate::kernel::{self, DraftRow, Verdict};
+use crate::model::{DraftModel, Logits, Proposal, TargetModel};
+use crate::sampling::{argmax, sample, SamplingConfig};
+use crate::stats::{FinishReason, Generation, Stats};
+
+/// How much of the last rounds' acceptance counts stays each round (older rounds fade).
+const KEEP: f64 = 0.9;
+/// The acceptance assumed before a sequence has drafted, as this many positions' worth.
+const PRIOR: (f64, f64) = (1.0, 2.0);
+
+pub(super) struct Sequence<D, T> {
+    pub id: SeqId,
+    pub draft: D,
+    pub target: T,
+    pub ctx: Vec<u32>,
+    prompt_len: usize,
+    sampling: SamplingConfig,
+    stop: StopRule,
+    rng: StdRng,
+    pub stats: Stats,
+    pub finish: Option<FinishReason>,
+    /// Faded counts of accepted and judged draft positions.
+    accepted: f64,
+    judged: f64,
+    /// The block being drafted: tokens, whether each has a dense q row, the rows.
+    drafted: Vec<u32>,
+    dense: Vec<bool>,
+    q_rows: Vec<Vec<f32>>,
+    /// False once the drafter has nothing more to propose this step.
+    pub drafting: bool,
+    /// The request's own k, if it has one.
+    pub fixed_k: Option<usize>,
+}
+
+impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
+    /// Checks the request, resets both models and feeds them all but the prompt's last token
+    /// (the draft only when the policy drafts at all).
+    pub fn start(id: SeqId, mut draft: D, mut target: T, r: Request, feed_draft: bool) -> Result<Self> {
+        let vocab = target.vocab_size();
+        if draft.vocab_size() != vocab {
+            return Err(Error::VocabMismatch { draft: draft.vocab_size(), target: vocab });
+        }
+        check_prompt(&r.prompt, vocab)?;
+        r.stop.check(vocab)?;
+        let mut stats = Stats::default();
+        let start = std::time::Instant::now();
+        target.truncate(0)?;
+        draft.truncate(0)?;
+        let head = &r.prompt[..r.prompt.len() - 1];
+        if !head.is_empty() {
+            target.forward(head, 0)?;
+            if feed_draft {
+                draft.propose(head)?;
+            }
+        }
+        stats.prefill_secs = start.elapsed().as_secs_f64();
+        Ok(Self {
+            id,
+            draft,
+            target,
+            finish: r.stop.finish(&[]),
+            prompt_len: r.prompt.len(),
+            ctx: r.prompt,
+            rng: StdRng::seed_from_u64(r.sampling.seed()),
+            sampling: r.sampling,
+            stop: r.stop,
+            stats,
+            accepted: 0.0,
+            judged: 0.0,
+            drafted: Vec::new(),
+            dense: Vec::new(),
+            q_rows: Vec::new(),
+            drafting: true,
+            fixed_k: r.k,
+        })
+    }
+
+    /// Tokens left before `max_new_tokens` (at least 1 while active).
+    pub fn remaining(&self) -> usize {
+        self.stop.max_new_tokens.saturating_sub(self.ctx.len() - self.prompt_len)
+    }
+
+    /// The estimated chance that a drafted position is accepted.
+    pub fn alpha(&self) -> f64 {
+        (self.accepted + PRIOR.0) / (self.judged + PRIOR.1)
+    }
+
+    /// Starts a new block.
+    pub fn new_block(&mut self) {
+        self.drafted.clear();
+        self.dense.clear();
+        self.drafting = true;
+    }
+
+    /// What the draft is fed next: the tokens it has not seen, or the last drafted token.
+    pub fn draft_feed(&self) -> Result<Vec<u32>> {
+        Ok(match self.drafted.last() {
+            Some(&t) => vec![t],
+            None => pending(&self.ctx, self.draft.context_len(), "draft")?.to_vec(),
+        })
+    }
+
+    /// What the target scores: the pending token, then the drafts.
+    pub fn target_feed(&self) -> Result<Vec<u32>> {
+        let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
+        feed.extend_from_slice(&self.drafted);
+        Ok(feed)
+    }
+
+    /// Turns the draft's proposal into the block's next token (sampled from q, with the
+    /// sequence's own settings and generator, unless greedy or a point mass).
+    pub fn take_proposal(&mut self, proposal: Proposal, secs: f64) -> Result<()> {
+        self.stats.draft_calls += 1;
+        self.stats.draft_secs += secs;
+        let vocab = self.target.vocab_size();
+        let i = self.drafted.len();
+        self.q_rows.resize_with(self.q_rows.len().max(i + 1), Vec::new);
+        let (token, dense) = match proposal {
+            Proposal::Nothing => {
+                self.drafting = false;
+                return Ok(());
+            }
+            Proposal::Token(t) => (t, false),
+            Proposal::Logits(row) if row.len() != vocab => {
+                return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() })
+            }
+            Proposal::Logits(row) if self.sampling.is_greedy() => (argmax(&row)?, false),
+            Proposal::Logits(row) => {
+                self.sampling.probs(&row, &mut self.q_rows[i])?;
+                (sample(&self.q_rows[i], &mut self.rng)?, true)
+            }
+        };
+        if token as usize >= vocab {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        self.drafted.push(token);
+        self.dense.push(dense);
+        Ok(())
+    }
+
+    /// Judges the block against the target's rows, keeps the verdict's tokens (up to a stop),
+    /// rolls both models back to the accepted prefix and updates the acceptance estimate.
+    pub fn judge(&mut self, logits: &Logits, secs: f64) -> Result<()> {
+        self.stats.target_calls += 1;
+        self.stats.target_secs += secs;
+        let (k, vocab) = (self.drafted.len(), self.target.vocab_size());
+        if logits.rows() != k + 1 || logits.vocab() != vocab {
+            return Err(Error::BadModelOutput {
+                model: "target",
+                what: "logits rows",
+                expected: k + 1,
+                got: logits.rows(),
+            });
+        }
+        let verdict = self.verdict(logits)?;
+        let n = self.ctx.len();
+        self.stats.drafted += k;
+        self.stats.accepted += verdict.accepted;
+        self.stats.rejections += usize::from(verdict.accepted < k);
+        self.stats.record_depths(k, verdict.accepted);
+        if k > 0 {
+            self.accepted = KEEP * self.accepted + verdict.accepted as f64;
+            self.judged = KEEP * self.judged + (verdict.accepted + 1).min(k) as f64;
+        }
+        self.target.truncate(n + verdict.accepted)?;
+        if self.draft.context_len() > n + verdict.accepted {
+            self.draft.truncate(n + verdict.accepted)?;
+        }
+        for t in verdict.tokens {
+            self.ctx.push(t);
+            self.stats.new_tokens += 1;
+            self.finish = self.stop.finish(&self.ctx[self.prompt_len..]);
+            if self.finish.is_some() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn verdict(&mut self, logits: &Logits) -> Result<Verdict> {
+        if self.sampling.is_greedy() {
+            return kernel::verify_greedy(&self.drafted, |i| argmax(logits.row(i)));
+        }
+        let q: Vec<DraftRow> = (self.dense.iter().zip(&self.q_rows))
+            .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })
+            .collect();
+        let sampling = &self.sampling;
+        kernel::verify_block(&self.drafted, &q, |i, buf| sampling.probs(logits.row(i), buf), &mut self.rng)
+    }
+
+    /// After a failure, rolls both models back to the tokens kept so far; false if that fails.
+    pub fn resync(&mut self) -> bool {
+        let keep = self.ctx.len() - 1;
+        let target_ok = self.target.context_len() <= keep || self.target.truncate(keep).is_ok();
+        let draft_ok = self.draft.context_len() <= keep || self.draft.truncate(keep).is_ok();
+        target_ok && draft_ok && self.target.context_len() == keep
+    }
+
+    pub fn into_finished(self) -> Finished<D, T> {
+        Finished {
+            id: self.id,
+            generation: Generation {
+                tokens: self.ctx[self.prompt_len..].to_vec(),
+                finish: self.finish.unwrap_or(FinishReason::Length),
+                stats: self.stats,
+            },
+            draft: self.draft,
+            target: self.target,
+        }
+    }
+}

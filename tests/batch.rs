@@ -1,0 +1,297 @@
+//! Batches: several sequences scored in one forward pass give the rows each would get alone;
+//! the batch decoder's greedy output equals each sequence's plain decoding, whatever joins and
+//! leaves; its sampled output follows the target's law per sequence (chi-square at 1e-6, with
+//! a power check); bad input is a typed error and a failed step leaves the batch usable.
+
+mod common;
+
+use candle_core::Device;
+use common::models::{model_path, STORIES};
+use common::{assert_fits, assert_rejects, cell, exact_window, settings};
+use specdec::batch::{BatchDecoder, BatchPolicy, Request};
+use specdec::toy::MarkovModel;
+use specdec::{
+    Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig, TargetModel,
+    WeightFormat,
+};
+use std::sync::Arc;
+
+fn stories(format: WeightFormat, engine: Engine) -> Result<Option<Arc<LlamaWeights>>> {
+    let Some(path) = model_path(STORIES) else { return Ok(None) };
+    Ok(Some(ModelFiles::Gguf(path).load_with(format, &Device::Cpu, engine)?.0))
+}
+
+const PROMPTS: [&[u32]; 4] = [&[1, 365, 176], &[1, 32, 470, 414, 2, 90], &[1, 129], &[1, 73, 74, 75, 76, 77, 78, 79]];
+
+#[test]
+fn batched_rows_equal_rows_scored_one_sequence_at_a_time() -> Result<()> {
+    for engine in [Engine::Native, Engine::Candle] {
+        for format in [WeightFormat::F32, "q8_0".parse()?, "q4_1".parse()?] {
+            let Some(w) = stories(format, engine)? else { return Ok(()) };
+            let mut batch: Vec<Llama> = (0..4).map(|_| Llama::new(w.clone())).collect::<Result<_>>()?;
+            let mut alone: Vec<Llama> = (0..4).map(|_| Llama::new(w.clone())).collect::<Result<_>>()?;
+            for (m, p) in batch.iter_mut().chain(alone.iter_mut()).zip(PROMPTS.iter().cycle()) {
+                m.forward(p, 0)?;
+            }
+            // Two rounds: different lengths and row counts, then a roll-back and new tokens.
+            let rounds: [[(&[u32], usize); 4]; 2] = [
+                [(&[5], 1), (&[7, 8, 9], 3), (&[11, 12, 13, 14, 15], 2), (&[3, 4], 0)],
+                [(&[20, 21], 2), (&[22], 1), (&[23, 24, 25], 3), (&[26], 1)],
+            ];
+            for (r, calls) in rounds.iter().enumerate() {
+                if r == 1 {
+                    for m in batch.iter_mut().chain(alone.iter_mut()) {
+                        let len = m.context_len();
+                        m.truncate(len - 1)?;
+                    }
+                }
+                let mut refs: Vec<&mut Llama> = batch.iter_mut().collect();
+                let got = Llama::forward_batch(&mut refs, calls)?;
+                for ((m, &(tokens, rows)), g) in alone.iter_mut().zip(calls).zip(&got) {
+                    let want = m.forward(tokens, rows)?;
+                    assert_eq!(g.rows(), rows);
+                    assert!(close(g, &want), "{engine:?} {format:?} round {r}");
+                }
+                for (b, a) in batch.iter().zip(&alone) {
+                    assert_eq!(b.context_len(), a.context_len());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn close(a: &Logits, b: &Logits) -> bool {
+    let scale = b.as_slice().iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+    a.as_slice().len() == b.as_slice().len()
+        && a.as_slice().iter().zip(b.as_slice()).all(|(x, y)| (x - y).abs() <= 1e-5 * scale)
+}
+
+#[test]
+fn batched_calls_check_their_models() -> Result<()> {
+    let Some(w) = stories(WeightFormat::F32, Engine::Native)? else { return Ok(()) };
+    let Some(other) = stories(WeightFormat::F32, Engine::Native)? else { return Ok(()) };
+    let (mut a, mut b) = (Llama::new(w.clone())?, Llama::new(other)?);
+    let err = Llama::forward_batch(&mut [&mut a, &mut b], &[(&[1], 1), (&[1], 1)]);
+    assert!(matches!(err, Err(Error::InvalidSetting { .. })), "{err:?}");
+    let mut c = Llama::new(w)?;
+    let err = Llama::forward_batch(&mut [&mut a, &mut c], &[(&[1], 1)]);
+    assert!(matches!(err, Err(Error::InvalidSetting { .. })), "{err:?}");
+    // A bad token in one call fails the batch and grows no context.
+    let err = Llama::forward_batch(&mut [&mut a, &mut c], &[(&[1], 1), (&[1_000_000], 1)]);
+    assert!(matches!(err, Err(Error::TokenOutOfRange { .. })), "{err:?}");
+    assert_eq!((a.context_len(), c.context_len()), (0, 0));
+    Ok(())
+}
+
+/// Each request's plain greedy output on its own.
+fn plain_outputs(w: &Arc<LlamaWeights>, requests: &[Request]) -> Result<Vec<Vec<u32>>> {
+    let mut out = Vec::new();
+    for r in requests {
+        let mut plain = PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy())
+            .max_new_tokens(r.stop.max_new_tokens)
+            .stop_tokens(r.stop.stop_tokens.clone());
+        out.push(plain.generate(&r.prompt)?.tokens);
+    }
+    Ok(out)
+}
+
+#[test]
+fn greedy_batches_equal_plain_decoding_of_each_sequence() -> Result<()> {
+    let Some(target) = stories(WeightFormat::F32, Engine::Native)? else { return Ok(()) };
+    let Some(draft) = stories("q4_1".parse()?, Engine::Native)? else { return Ok(()) };
+    let mut requests: Vec<Request> =
+        PROMPTS.iter().zip([24, 37, 12, 30]).map(|(p, n)| Request::new(p.to_vec()).max_new_tokens(n)).collect();
+    // One sequence stops at the token plain decoding emits sixth.
+    let sixth = plain_outputs(&target, &requests[1..2])?[0][5];
+    requests[1] = requests[1].clone().stop_tokens([sixth]);
+    // One drafts a fixed 2 whatever the policy, one decodes plainly.
+    requests[2] = requests[2].clone().k(2);
+    requests.push(Request::new(PROMPTS[0].to_vec()).max_new_tokens(20).k(0));
+    let want = plain_outputs(&target, &requests)?;
+    assert_eq!(want[1].len(), 6);
+    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(3), BatchPolicy::Adaptive { max_k: 5 }] {
+        let mut batch = BatchDecoder::new(policy)?;
+        let mut ids = Vec::new();
+        // Three join at once, two after a few steps (continuous batching).
+        for (i, r) in requests.iter().enumerate() {
+            if i == 3 {
+                for _ in 0..3 {
+                    batch.step()?;
+                }
+            }
+            ids.push(batch.add(Llama::new(draft.clone())?, Llama::new(target.clone())?, r.clone())?);
+        }
+        let mut done = batch.run()?;
+        assert_eq!(batch.active(), 0);
+        done.sort_by_key(|f| f.id);
+        assert_eq!(done.len(), requests.len());
+        for ((f, want), id) in done.iter().zip(&want).zip(&ids) {
+            assert_eq!(f.id, *id);
+            assert_eq!(&f.generation.tokens, want, "{policy:?}, sequence {id:?}");
+        }
+        // Under the plain policy only the sequence with its own k = 2 drafts; k = 0 never does.
+        let drafted: Vec<usize> = done.iter().map(|f| f.generation.stats.drafted).collect();
+        assert!(drafted[2] > 0 && drafted[4] == 0, "{policy:?} drafted {drafted:?}");
+        match policy {
+            BatchPolicy::Plain => assert_eq!(drafted[0], 0),
+            BatchPolicy::Fixed(_) => assert!(drafted[0] > 0),
+            // On this tiny model a draft step costs about what a target pass does: the
+            // policy may or may not draft.
+            BatchPolicy::Adaptive { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+const VOCAB: usize = 6;
+const PROMPT: [u32; 3] = [2, 0, 5];
+const SAMPLES: usize = 30_000;
+/// Tokens per sequence: two windows of 3, at 0 and at 4.
+const LEN: usize = 7;
+
+/// Runs `SAMPLES` batches, each with one sequence per sampling setting drafting `ks[i]`
+/// tokens (or as `policy` says), and counts windows 0..3 and 4..7 of each sequence.
+fn batch_counts(
+    target: &MarkovModel,
+    draft: &MarkovModel,
+    policy: BatchPolicy,
+    ks: &[Option<usize>],
+) -> Result<(Vec<[Vec<u64>; 2]>, usize)> {
+    let configs = settings()?;
+    let mut counts = vec![[vec![0u64; VOCAB.pow(3)], vec![0u64; VOCAB.pow(3)]]; configs.len()];
+    let mut batch = BatchDecoder::new(policy)?;
+    let mut drafted = 0;
+    for n in 0..SAMPLES {
+        for (i, ((_, cfg), k)) in configs.iter().zip(ks).enumerate() {
+            let seed = (n * configs.len() + i) as u64;
+            let mut r = Request::new(PROMPT.to_vec()).sampling(cfg.clone().with_seed(seed)).max_new_tokens(LEN);
+            r.k = *k;
+            batch.add(draft.clone(), target.clone(), r)?;
+        }
+        for f in batch.run()? {
+            let i = (f.id.0 as usize) % configs.len();
+            counts[i][0][cell(&f.generation.tokens, 0, 3, VOCAB)] += 1;
+            counts[i][1][cell(&f.generation.tokens, 4, 3, VOCAB)] += 1;
+            drafted += f.generation.stats.drafted;
+        }
+    }
+    Ok((counts, drafted))
+}
+
+#[test]
+fn sampled_batches_follow_the_target_for_every_sequence() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.6, 22);
+    let configs = settings()?;
+    let runs = [
+        (BatchPolicy::Fixed(3), vec![Some(0), Some(1), Some(3), Some(5)]),
+        (BatchPolicy::Adaptive { max_k: 4 }, vec![None; 4]),
+    ];
+    for (policy, ks) in runs {
+        let (counts, drafted) = batch_counts(&target, &draft, policy, &ks)?;
+        assert!(drafted > 0, "{policy:?} drafted nothing");
+        for ((name, cfg), c) in configs.iter().zip(&counts) {
+            for (w, start) in [0, 4].into_iter().enumerate() {
+                let exact = exact_window(&target, cfg, &PROMPT, start, 3);
+                assert_fits(&format!("{policy:?}, {name}, tokens {start}.."), &c[w], &exact);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn batch_power_a_sequence_sampling_the_draft_is_rejected() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.6, 22);
+    // The bias: the batch verifies against the draft's law, not the target's.
+    let (counts, _) = batch_counts(&draft, &draft, BatchPolicy::Fixed(2), &[None; 4])?;
+    let (name, cfg) = &settings()?[0];
+    let exact = exact_window(&target, cfg, &PROMPT, 0, 3);
+    assert_rejects(&format!("draft as target, {name}"), &counts[0][0], &exact);
+    Ok(())
+}
+
+/// A toy target that fails its `fail_at`-th forward call.
+#[derive(Clone)]
+struct Failing {
+    inner: MarkovModel,
+    calls: usize,
+    fail_at: usize,
+}
+
+impl TargetModel for Failing {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab()
+    }
+
+    fn context_len(&self) -> usize {
+        TargetModel::context_len(&self.inner)
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.calls += 1;
+        if self.calls == self.fail_at {
+            return Err(Error::setting("fault", "injected", "no failure"));
+        }
+        self.inner.forward(tokens, rows)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TargetModel::truncate(&mut self.inner, len)
+    }
+}
+
+impl specdec::BatchTarget for Failing {}
+
+#[test]
+fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(8, 0.3, 1);
+    assert!(matches!(
+        BatchDecoder::<MarkovModel, MarkovModel>::new(BatchPolicy::Fixed(99)),
+        Err(Error::InvalidSetting { .. })
+    ));
+    let mut batch = BatchDecoder::new(BatchPolicy::Fixed(2))?;
+    let small = MarkovModel::random(4, 1, 3);
+    assert!(matches!(batch.add(small, target.clone(), Request::new(vec![1])), Err(Error::VocabMismatch { .. })));
+    assert!(matches!(batch.add(draft.clone(), target.clone(), Request::new(vec![])), Err(Error::EmptyPrompt)));
+    let r = Request::new(vec![1]).stop_tokens([99]);
+    assert!(matches!(batch.add(draft.clone(), target.clone(), r), Err(Error::TokenOutOfRange { .. })));
+    assert!(matches!(
+        batch.add(draft.clone(), target.clone(), Request::new(vec![1]).k(40)),
+        Err(Error::InvalidSetting { .. })
+    ));
+    assert_eq!(batch.active(), 0);
+
+    // The second sequence's target fails on its fourth call (prefill, then steps): that step
+    // fails, every sequence keeps its tokens, and the next steps finish both as if nothing
+    // had happened (greedy output equals a batch that never failed).
+    let run = |fail_at: usize| -> Result<(Vec<Vec<u32>>, usize)> {
+        let mut batch = BatchDecoder::new(BatchPolicy::Fixed(2))?;
+        let mut errors = 0;
+        for (i, p) in [[1u32, 2], [3, 4]].iter().enumerate() {
+            let t = Failing { inner: target.clone(), calls: 0, fail_at: if i == 1 { fail_at } else { 0 } };
+            batch.add(
+                Failing { inner: draft.clone(), calls: 0, fail_at: 0 },
+                t,
+                Request::new(p.to_vec()).max_new_tokens(15),
+            )?;
+        }
+        while batch.active() > 0 {
+            match batch.step() {
+                Ok(_) => {}
+                Err(Error::InvalidSetting { .. }) => errors += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        let mut done = batch.take_finished();
+        done.sort_by_key(|f| f.id);
+        Ok((done.into_iter().map(|f| f.generation.tokens).collect(), errors))
+    };
+    let (clean, none) = run(0)?;
+    let (recovered, one) = run(4)?;
+    assert_eq!((none, one), (0, 1));
+    assert_eq!(clean, recovered);
+    Ok(())
+}
