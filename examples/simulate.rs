@@ -5,15 +5,19 @@
 //!
 //! Speedup here is the seed's cost model (a draft call costs `c` target calls), not wall time.
 //!
-//! `cargo run --release --example simulate [-- --plot speedup.svg]`
+//! `cargo run --release --example simulate [-- --plot docs/charts/simulate-k-sweep.svg]`
+
+#[path = "support/chart.rs"]
+mod chart;
 
 use anyhow::Result;
+use chart::{line_chart, Series};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
-use specdec::stats::expected_tokens_per_call;
+use specdec::stats::{expected_tokens_per_call, predicted_speedup};
 use specdec::toy::MarkovModel;
 use specdec::{KController, KPolicy, RoundReport, SamplingConfig, SpeculativeDecoder, Stats};
 
@@ -56,22 +60,33 @@ fn main() -> Result<()> {
         );
     }
     println!("\n(c) k sweep, noise 0.1");
-    println!("{:>3} {:>7} {:>9} {:>8}", "k", "alpha", "tok/call", "speedup");
+    println!("{:>3} {:>7} {:>7} {:>9} {:>8} {:>10}", "k", "alpha", "a_pos", "tok/call", "speedup", "S(k,a,c)");
     let mut rows = Vec::new();
     for k in 1..=8 {
         let (s, speedup) = trial(0.1, k, args.rounds, args.cost_ratio)?;
-        rows.push((k, s.acceptance_rate(), s.tokens_per_target_call(), speedup));
+        let predicted = predicted_speedup(k as f64, s.position_acceptance(), args.cost_ratio);
+        rows.push((k, s.acceptance_rate(), s.position_acceptance(), s.tokens_per_target_call(), speedup, predicted));
     }
-    let best = rows.iter().map(|r| r.3).fold(f64::MIN, f64::max);
-    for &(k, a, tpc, sp) in &rows {
-        println!("{k:3} {a:7.3} {tpc:9.3} {sp:8.3}{}", if sp == best { "  <- best" } else { "" });
+    let best = rows.iter().map(|r| r.4).fold(f64::MIN, f64::max);
+    for &(k, a, a_pos, tpc, sp, pred) in &rows {
+        println!(
+            "{k:3} {a:7.3} {a_pos:7.3} {tpc:9.3} {sp:8.3} {pred:10.3}{}",
+            if sp == best { "  <- best" } else { "" }
+        );
     }
     println!("\nalpha = drafted tokens accepted (the seed's measure); a_pos = accepted / (accepted + rejections),");
     println!(
         "the per-position rate the geometric closed form assumes: pred(a_pos) tracks tok/call, 'predicted' does not."
     );
     if let Some(path) = args.plot {
-        std::fs::write(&path, svg(&rows))?;
+        let line = |name: &str, dashed: bool, y: fn(&(usize, f64, f64, f64, f64, f64)) -> f64| Series {
+            name: name.into(),
+            points: rows.iter().map(|r| (r.0 as f64, y(r))).collect(),
+            dashed,
+        };
+        let series = [line("measured", false, |r| r.4), line("S(k, a_pos, c)", true, |r| r.5)];
+        let title = format!("speedup vs k: toy model, noise 0.1, c = {}", args.cost_ratio);
+        line_chart(&path, &title, "k", "speedup (cost in target calls)", &series, false)?;
         println!("wrote {path}");
     }
     policies(args.rounds, args.verify_slope)?;
@@ -161,31 +176,4 @@ fn trial(noise: f32, k: usize, rounds: usize, c: f64) -> Result<(Stats, f64)> {
     let s = dec.stats().clone();
     let cost = s.target_calls as f64 + c * s.draft_calls as f64;
     Ok((s.clone(), s.new_tokens as f64 / cost))
-}
-
-/// A minimal SVG line plot of speedup against k.
-fn svg(rows: &[(usize, f64, f64, f64)]) -> String {
-    let (w, h, pad) = (480.0, 300.0, 40.0);
-    let max = rows.iter().map(|r| r.3).fold(1.0, f64::max) * 1.1;
-    let x = |k: usize| pad + (k as f64 - 1.0) / 7.0 * (w - 2.0 * pad);
-    let y = |s: f64| h - pad - s / max * (h - 2.0 * pad);
-    let points: Vec<String> = rows.iter().map(|r| format!("{:.1},{:.1}", x(r.0), y(r.3))).collect();
-    let labels: String = rows
-        .iter()
-        .map(|r| {
-            format!("<text x='{:.1}' y='{}' font-size='11' text-anchor='middle'>{}</text>", x(r.0), h - pad + 16.0, r.0)
-        })
-        .collect();
-    format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}'><rect width='100%' height='100%' fill='white'/>\
-         <line x1='{pad}' y1='{b}' x2='{r}' y2='{b}' stroke='black'/><line x1='{pad}' y1='{pad}' x2='{pad}' y2='{b}' stroke='black'/>\
-         <polyline fill='none' stroke='steelblue' stroke-width='2' points='{}'/>{labels}\
-         <text x='{cx}' y='{hb}' font-size='12' text-anchor='middle'>k (noise 0.1)</text>\
-         <text x='12' y='{pad}' font-size='12'>speedup (max {max:.2})</text></svg>",
-        points.join(" "),
-        b = h - pad,
-        r = w - pad,
-        cx = w / 2.0,
-        hb = h - 6.0,
-    )
 }

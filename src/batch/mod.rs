@@ -14,8 +14,8 @@ mod sequence;
 
 use std::time::Instant;
 
-pub use policy::{BatchCosts, BatchPolicy};
-use sequence::Sequence;
+pub use policy::{BatchCosts, BatchPolicy, Candidate};
+use sequence::{Acceptance, Sequence};
 
 use crate::decoder::{pending, StopRule};
 use crate::error::{Error, Result};
@@ -86,7 +86,7 @@ pub struct Finished<D, T> {
 }
 
 /// The most rows the adaptive policy puts in one target pass (and measures T for).
-const MAX_ROWS: usize = 128;
+pub const MAX_ROWS: usize = 128;
 
 /// Speculative decoding of a batch of sequences; see the [module docs](self).
 ///
@@ -114,7 +114,15 @@ pub struct BatchDecoder<D, T> {
     costs: BatchCosts,
     next_id: u64,
     ready: bool,
+    /// The acceptance of every sequence's drafts, pooled: where a new sequence's estimate
+    /// starts.
+    pool: Acceptance,
 }
+
+/// Where the pooled acceptance estimate starts: optimistic, so that the adaptive policy drafts
+/// at first and learns what drafting is worth (it backs off within a few steps if little is
+/// accepted).
+const FIRST_ALPHA: f64 = 0.95;
 
 impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// An empty batch.
@@ -122,13 +130,25 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// # Errors
     /// [`Error::InvalidSetting`] for a policy out of range (see [`BatchPolicy::check`]).
     pub fn new(policy: BatchPolicy) -> Result<Self> {
+        Self::with_costs(policy, BatchCosts::default())
+    }
+
+    /// An empty batch whose adaptive policy starts from costs measured before (say, once when
+    /// a server starts, with [`BatchCosts::measure`]); without T(1) among them, the first
+    /// adaptive step measures T(m) on its first sequence's target, which takes about as long
+    /// as scoring 500 rows.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_costs(policy: BatchPolicy, costs: BatchCosts) -> Result<Self> {
         Ok(Self {
             seqs: Vec::new(),
             finished: Vec::new(),
             policy: policy.check()?,
-            costs: BatchCosts::default(),
+            costs,
             next_id: 0,
             ready: true,
+            pool: Acceptance::prior(FIRST_ALPHA),
         })
     }
 
@@ -145,7 +165,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         if let Some(k) = request.k {
             BatchPolicy::Fixed(k).check()?;
         }
-        let seq = Sequence::start(id, draft, target, request, drafts)?;
+        let seq = Sequence::start(id, draft, target, request, drafts, self.pool.alpha())?;
         self.next_id += 1;
         self.seqs.push(seq);
         self.retire();
@@ -195,11 +215,15 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         }
         let before: Vec<usize> = self.seqs.iter().map(|s| s.ctx.len()).collect();
         let start = Instant::now();
-        if let Err(e) = self.round() {
-            self.ready = self.seqs.iter_mut().all(Sequence::resync);
-            return Err(e);
-        }
+        let (busy, rows) = match self.round() {
+            Ok(spent) => spent,
+            Err(e) => {
+                self.ready = self.seqs.iter_mut().all(Sequence::resync);
+                return Err(e);
+            }
+        };
         let secs = start.elapsed().as_secs_f64();
+        self.costs.observe_other(rows, secs - busy);
         let new = self
             .seqs
             .iter_mut()
@@ -227,10 +251,12 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         }
     }
 
-    /// Chooses the k's, drafts, verifies in one pass and judges every sequence.
-    fn round(&mut self) -> Result<()> {
+    /// Chooses the k's, drafts, verifies in one pass and judges every sequence. Returns the
+    /// seconds spent in model calls and the rows they scored.
+    fn round(&mut self) -> Result<(f64, usize)> {
         let ks = self.choose_ks()?;
-        self.catch_up(&ks)?;
+        let mut busy = self.catch_up(&ks)?;
+        let mut scored = 0;
         let depth = ks.iter().copied().max().unwrap_or(0);
         for s in &mut self.seqs {
             s.new_block();
@@ -253,6 +279,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             };
             let secs = start.elapsed().as_secs_f64();
             self.costs.observe_draft(active.len(), secs);
+            (busy, scored) = (busy + secs, scored + active.len());
             for (&i, proposal) in active.iter().zip(proposals) {
                 self.seqs[i].take_proposal(proposal, secs)?;
             }
@@ -272,9 +299,12 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let rows: usize = logits.iter().map(|l| l.rows()).sum();
         self.costs.observe_target(rows, secs);
         for (s, rows) in self.seqs.iter_mut().zip(logits) {
-            s.judge(&rows, secs)?;
+            let (k, accepted) = s.judge(&rows, secs)?;
+            if k > 0 {
+                self.pool.observe(k, accepted);
+            }
         }
-        Ok(())
+        Ok((busy + secs, scored + rows))
     }
 
     /// Each sequence's k for this step, by the policy (never past its last token).
@@ -284,14 +314,16 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             BatchPolicy::Plain => vec![0; self.seqs.len()],
             BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
             BatchPolicy::Adaptive { max_k } => {
-                if !self.costs.has_target(1) {
-                    self.calibrate()?;
-                }
+                self.calibrate()?;
                 // The most rows measured bounds the step's rows.
                 let cap = (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1);
-                let limits: Vec<usize> = limits.iter().map(|&l| l.min(max_k).min(cap)).collect();
-                let alpha: Vec<f64> = self.seqs.iter().map(Sequence::alpha).collect();
-                self.costs.choose(&alpha, &limits)
+                let mut seqs = Vec::with_capacity(self.seqs.len());
+                for (s, &limit) in self.seqs.iter().zip(&limits) {
+                    let missed = pending(&s.ctx, s.draft.context_len(), "draft")?.len();
+                    let behind = if missed > 2 { missed - 1 } else { 0 };
+                    seqs.push(Candidate { alpha: s.alpha(), limit: limit.min(max_k).min(cap), behind });
+                }
+                self.costs.choose(&seqs)
             }
         };
         // Sequences with a k of their own keep it.
@@ -300,23 +332,17 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             .collect())
     }
 
-    /// Measures T(m) on the first sequence's target: m copies of its last token scored after
-    /// its context, then rolled back, for m from 1 to 128 (fewer where the context runs out).
+    /// Measures what the costs lack: T(m) on the first sequence's target, D(b) on the
+    /// sequences' drafts (see [`BatchCosts::measure`] and [`BatchCosts::measure_draft`]).
     fn calibrate(&mut self) -> Result<()> {
         let Some(s) = self.seqs.first_mut() else { return Ok(()) };
-        let (base, token) = (s.target.context_len(), s.ctx[s.ctx.len() - 1]);
-        // The first call warms buffers and threads up; it is not kept.
-        for (n, m) in [1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, MAX_ROWS].into_iter().enumerate() {
-            let start = Instant::now();
-            let scored = s.target.forward(&vec![token; m], m);
-            let secs = start.elapsed().as_secs_f64();
-            s.target.truncate(base)?;
-            if scored.is_err() {
-                break;
-            }
-            if n > 0 {
-                self.costs.observe_target(m, secs);
-            }
+        let token = s.ctx[s.ctx.len() - 1];
+        if !self.costs.has_target(1) {
+            self.costs.merge(BatchCosts::measure(&mut s.target, token, MAX_ROWS)?);
+        }
+        if !self.costs.has_draft(self.seqs.len()) {
+            let mut drafts: Vec<&mut D> = self.seqs.iter_mut().map(|s| &mut s.draft).collect();
+            self.costs.measure_draft(&mut drafts, token)?;
         }
         Ok(())
     }
@@ -324,7 +350,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// Feeds the drafts of the sequences about to draft, in one batched call, all but the last
     /// of the tokens they missed while they decoded plainly (see the single decoder's
     /// catch-up); their proposals are not used.
-    fn catch_up(&mut self, ks: &[usize]) -> Result<()> {
+    fn catch_up(&mut self, ks: &[usize]) -> Result<f64> {
         let mut drafts: Vec<&mut D> = Vec::new();
         let mut feeds: Vec<&[u32]> = Vec::new();
         for (s, _) in self.seqs.iter_mut().zip(ks).filter(|(_, &k)| k > 0) {
@@ -334,10 +360,11 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 drafts.push(&mut s.draft);
             }
         }
+        let start = Instant::now();
         if !drafts.is_empty() {
             D::propose_batch(&mut drafts, &feeds)?;
         }
-        Ok(())
+        Ok(start.elapsed().as_secs_f64())
     }
 }
 

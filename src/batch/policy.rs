@@ -6,7 +6,10 @@
 //! so drafting pays; as the batch grows the pass turns compute-bound, each extra row costs
 //! about as much as a sequence's whole step did, and the policy drafts less, then not at all.
 
+use std::time::Instant;
+
 use crate::error::{Error, Result};
+use crate::model::{BatchDraft, TargetModel};
 use crate::stats::expected_tokens_per_call;
 
 /// How a [`BatchDecoder`](super::BatchDecoder) chooses each sequence's k.
@@ -60,24 +63,110 @@ const MAX_K: usize = 32;
 /// Weight of a new measurement in the running averages.
 const NEW: f64 = 0.2;
 
-/// Measured costs: the seconds of a target pass by its number of rows, T(m), and of a batched
-/// draft step by its number of sequences, D(b). Unmeasured sizes are read off the straight
-/// line through the nearest measured ones.
+/// One sequence as the adaptive policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Its estimated chance that a drafted position is accepted.
+    pub alpha: f64,
+    /// The most it may draft this step.
+    pub limit: usize,
+    /// Tokens its draft must catch up on before drafting (it decoded plainly meanwhile).
+    pub behind: usize,
+}
+
+/// Steps over which the catch-up of a draft that starts drafting again is paid off.
+const CATCH_UP_STEPS: f64 = 4.0;
+
+/// Measured costs: the seconds of a target pass by its number of rows, T(m); of a batched
+/// draft call by its number of rows, D(b); and the rest of a step (sampling, judging, copying
+/// rows) per row. Unmeasured sizes are read off the straight line through the nearest
+/// measured ones.
 #[derive(Debug, Clone, Default)]
 pub struct BatchCosts {
     target: Vec<Option<f64>>,
     draft: Vec<Option<f64>>,
+    other_per_row: Option<f64>,
 }
 
 impl BatchCosts {
+    /// Measures T(m) on `target`: `m` copies of `token` scored after its context, then rolled
+    /// back, for m from 1 to `max_rows` in steps of about 1.5× (fewer where the context runs
+    /// out). The first call warms buffers and threads up and is not kept.
+    ///
+    /// # Errors
+    /// A failed roll-back.
+    pub fn measure<T: TargetModel>(target: &mut T, token: u32, max_rows: usize) -> Result<Self> {
+        let mut costs = Self::default();
+        let base = target.context_len();
+        let sizes = [1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+        for (n, m) in sizes.into_iter().filter(|&m| m <= max_rows.max(1)).enumerate() {
+            let start = Instant::now();
+            let scored = target.forward(&vec![token; m], m);
+            let secs = start.elapsed().as_secs_f64();
+            target.truncate(base)?;
+            if scored.is_err() {
+                break;
+            }
+            if n > 0 {
+                costs.observe_target(m, secs);
+            }
+        }
+        Ok(costs)
+    }
+
+    /// Measures D(b) on the first b of `drafts` for b = 1 and all of them: one batched call
+    /// proposing after `token`, then each rolled back. (Two calls: with a straight line
+    /// between them, they serve every batch size in between.)
+    ///
+    /// # Errors
+    /// A failed roll-back.
+    pub fn measure_draft<D: BatchDraft>(&mut self, drafts: &mut [&mut D], token: u32) -> Result<()> {
+        let n = drafts.len();
+        let sizes = if n > 1 { vec![1, n] } else { vec![n] };
+        for b in sizes {
+            let lens: Vec<usize> = drafts[..b].iter().map(|d| d.context_len()).collect();
+            let start = Instant::now();
+            let proposed = D::propose_batch(&mut drafts[..b], &vec![&[token][..]; b]);
+            let secs = start.elapsed().as_secs_f64();
+            for (d, &len) in drafts.iter_mut().zip(&lens) {
+                if d.context_len() > len {
+                    d.truncate(len)?;
+                }
+            }
+            if proposed.is_err() {
+                break;
+            }
+            self.observe_draft(b, secs);
+        }
+        Ok(())
+    }
+
+    /// Takes over every size `other` measured.
+    pub fn merge(&mut self, other: BatchCosts) {
+        for (mine, theirs) in [(&mut self.target, other.target), (&mut self.draft, other.draft)] {
+            for (size, secs) in theirs.into_iter().enumerate() {
+                if let Some(secs) = secs {
+                    observe(mine, size, secs);
+                }
+            }
+        }
+        self.other_per_row = self.other_per_row.or(other.other_per_row);
+    }
+
     /// Records a target pass of `rows` rows that took `secs`.
     pub fn observe_target(&mut self, rows: usize, secs: f64) {
         observe(&mut self.target, rows, secs);
     }
 
-    /// Records a draft step for `seqs` sequences that took `secs`.
-    pub fn observe_draft(&mut self, seqs: usize, secs: f64) {
-        observe(&mut self.draft, seqs, secs);
+    /// Records a batched draft call over `rows` rows that took `secs`.
+    pub fn observe_draft(&mut self, rows: usize, secs: f64) {
+        observe(&mut self.draft, rows, secs);
+    }
+
+    /// Records the rest of a step over `rows` rows (target and draft rows), `secs` in all.
+    pub fn observe_other(&mut self, rows: usize, secs: f64) {
+        let per_row = secs.max(0.0) / rows.max(1) as f64;
+        self.other_per_row = Some(self.other_per_row.map_or(per_row, |old| (1.0 - NEW) * old + NEW * per_row));
     }
 
     /// True once a target pass of `rows` rows was measured.
@@ -85,38 +174,46 @@ impl BatchCosts {
         self.target.get(rows).is_some_and(Option::is_some)
     }
 
+    /// True once a draft call over `rows` rows was measured.
+    pub fn has_draft(&self, rows: usize) -> bool {
+        self.draft.get(rows).is_some_and(Option::is_some)
+    }
+
     /// T(m): the seconds of a target pass of `rows` rows (`None` before any measurement).
     pub fn target_secs(&self, rows: usize) -> Option<f64> {
         estimate(&self.target, rows)
     }
 
-    /// D(b): the seconds of a draft step for `seqs` sequences (0 before any measurement, so
-    /// that the policy tries drafting once and learns what it costs).
-    pub fn draft_secs(&self, seqs: usize) -> f64 {
-        if seqs == 0 {
+    /// D(b): the seconds of a draft call over `rows` rows (0 before any measurement, so that
+    /// the policy tries drafting once and learns what it costs).
+    pub fn draft_secs(&self, rows: usize) -> f64 {
+        if rows == 0 {
             return 0.0;
         }
-        estimate(&self.draft, seqs).unwrap_or(0.0)
+        estimate(&self.draft, rows).unwrap_or(0.0)
     }
 
-    /// The predicted tokens per second of one step in which sequence i, whose acceptance per
-    /// position is `alpha[i]`, drafts `ks[i]` tokens (`None` before T is measured).
-    pub fn throughput(&self, alpha: &[f64], ks: &[usize]) -> Option<f64> {
-        let tokens: f64 = alpha.iter().zip(ks).map(|(&a, &k)| expected_tokens_per_call(k as f64, a)).sum();
+    /// The predicted tokens per second of one step in which sequence i drafts `ks[i]` tokens
+    /// (`None` before T is measured).
+    pub fn throughput(&self, seqs: &[Candidate], ks: &[usize]) -> Option<f64> {
+        let tokens: f64 = seqs.iter().zip(ks).map(|(s, &k)| expected_tokens_per_call(k as f64, s.alpha)).sum();
         let rows: usize = ks.iter().map(|k| k + 1).sum();
         let depth = ks.iter().copied().max().unwrap_or(0);
         let drafting: f64 = (0..depth).map(|j| self.draft_secs(ks.iter().filter(|&&k| k > j).count())).sum();
-        let secs = self.target_secs(rows)? + drafting;
+        let behind: usize = seqs.iter().zip(ks).filter(|(_, &k)| k > 0).map(|(s, _)| s.behind).sum();
+        let catch_up = self.draft_secs(behind) / CATCH_UP_STEPS;
+        let other = self.other_per_row.unwrap_or(0.0) * (rows + ks.iter().sum::<usize>()) as f64;
+        let secs = self.target_secs(rows)? + drafting + catch_up + other;
         Some(tokens / secs.max(1e-12))
     }
 
-    /// The k of each sequence (at most `limits[i]`) with the highest predicted throughput:
-    /// the best common k, then, sequence by sequence from the least accepting, any lower k
-    /// that raises the prediction. All zeros before T is measured.
-    pub fn choose(&self, alpha: &[f64], limits: &[usize]) -> Vec<usize> {
-        let Some(max) = limits.iter().copied().max() else { return Vec::new() };
-        let score = |ks: &[usize]| self.throughput(alpha, ks).unwrap_or(0.0);
-        let common = |k: usize| -> Vec<usize> { limits.iter().map(|&l| k.min(l)).collect() };
+    /// The k of each sequence (at most its limit) with the highest predicted throughput: the
+    /// best common k, then, one sequence at a time (the most accepting first, then back from
+    /// the least), the best k for it with the others held. All zeros before T is measured.
+    pub fn choose(&self, seqs: &[Candidate]) -> Vec<usize> {
+        let max = seqs.iter().map(|s| s.limit).max().unwrap_or(0);
+        let score = |ks: &[usize]| self.throughput(seqs, ks).unwrap_or(0.0);
+        let common = |k: usize| -> Vec<usize> { seqs.iter().map(|s| k.min(s.limit)).collect() };
         let mut best = common(0);
         for k in 1..=max {
             let trial = common(k);
@@ -124,15 +221,15 @@ impl BatchCosts {
                 best = trial;
             }
         }
-        let mut order: Vec<usize> = (0..alpha.len()).collect();
-        order.sort_by(|&a, &b| alpha[a].total_cmp(&alpha[b]));
-        for i in order {
-            for k in 0..best[i] {
+        // Then each sequence on its own: the most accepting may draft more, the least less.
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_by(|&a, &b| seqs[b].alpha.total_cmp(&seqs[a].alpha));
+        for &i in order.iter().chain(order.iter().rev()) {
+            for k in 0..=seqs[i].limit {
                 let mut trial = best.clone();
                 trial[i] = k;
                 if score(&trial) > score(&best) {
                     best = trial;
-                    break;
                 }
             }
         }
@@ -175,16 +272,21 @@ fn estimate(table: &[Option<f64>], size: usize) -> Option<f64> {
 mod tests {
     use super::*;
 
-    /// T(m) of a pass that streams its weights in 10 ms, then turns compute-bound at 4 rows.
+    /// T(m) of a pass that streams its weights in 10 ms, then turns compute-bound at 4 rows;
+    /// a draft call that costs `draft_ms` for one row and 30 % more for each further one.
     fn costs(draft_ms: f64) -> BatchCosts {
         let mut c = BatchCosts::default();
         for m in [1, 2, 4, 8, 16, 32, 64, 128] {
             c.observe_target(m, 0.010f64.max(0.0025 * m as f64));
         }
         for b in [1, 8] {
-            c.observe_draft(b, draft_ms / 1000.0 * (1.0 + 0.1 * b as f64));
+            c.observe_draft(b, draft_ms / 1000.0 * (0.7 + 0.3 * b as f64));
         }
         c
+    }
+
+    fn seq(alpha: f64, limit: usize) -> Candidate {
+        Candidate { alpha, limit, behind: 0 }
     }
 
     #[test]
@@ -193,6 +295,7 @@ mod tests {
         assert_eq!(c.target_secs(8), Some(0.02));
         assert!((c.target_secs(12).unwrap_or(0.0) - 0.03).abs() < 1e-12);
         assert!((c.target_secs(256).unwrap_or(0.0) - 0.64).abs() < 1e-9);
+        assert!((c.draft_secs(4) - 0.0019).abs() < 1e-12);
         assert_eq!(BatchCosts::default().target_secs(3), None);
         assert_eq!(BatchCosts::default().draft_secs(3), 0.0);
     }
@@ -200,7 +303,7 @@ mod tests {
     #[test]
     fn speculation_shrinks_as_the_batch_grows() {
         let c = costs(1.0);
-        let ks = |b: usize| c.choose(&vec![0.8; b], &vec![8; b]);
+        let ks = |b: usize| c.choose(&vec![seq(0.8, 8); b]);
         let one: usize = ks(1).iter().sum();
         let sixteen = ks(16);
         assert!(one >= 3, "batch 1 drafts {one}");
@@ -210,11 +313,19 @@ mod tests {
     #[test]
     fn sequences_that_reject_draft_less() {
         let c = costs(1.0);
-        let ks = c.choose(&[0.95, 0.1], &[8, 8]);
+        let ks = c.choose(&[seq(0.95, 8), seq(0.05, 8)]);
         assert!(ks[0] > ks[1], "{ks:?}");
         // Limits hold, and nothing is drafted before T is measured.
-        assert!(c.choose(&[0.9, 0.9], &[1, 0]).iter().zip([1, 0]).all(|(k, l)| *k <= l));
-        assert_eq!(BatchCosts::default().choose(&[0.9], &[4]), vec![0]);
+        assert!(c.choose(&[seq(0.9, 1), seq(0.9, 0)]).iter().zip([1, 0]).all(|(k, l)| *k <= l));
+        assert_eq!(BatchCosts::default().choose(&[seq(0.9, 4)]), vec![0]);
+    }
+
+    #[test]
+    fn a_long_catch_up_keeps_a_draft_idle() {
+        let c = costs(1.0);
+        assert!(c.choose(&[seq(0.8, 4)])[0] > 0);
+        let behind = Candidate { behind: 2000, ..seq(0.8, 4) };
+        assert_eq!(c.choose(&[behind]), vec![0]);
     }
 
     #[test]

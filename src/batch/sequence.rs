@@ -14,8 +14,35 @@ use crate::stats::{FinishReason, Generation, Stats};
 
 /// How much of the last rounds' acceptance counts stays each round (older rounds fade).
 const KEEP: f64 = 0.9;
-/// The acceptance assumed before a sequence has drafted, as this many positions' worth.
-const PRIOR: (f64, f64) = (1.0, 2.0);
+/// Positions' worth of the prior an estimate starts from (it fades like the counts).
+const PRIOR_WEIGHT: f64 = 2.0;
+
+/// An estimate of the chance that a drafted position is accepted: faded counts of accepted
+/// and judged positions, starting from a prior.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Acceptance {
+    accepted: f64,
+    judged: f64,
+}
+
+impl Acceptance {
+    /// An estimate that starts at `alpha`.
+    pub fn prior(alpha: f64) -> Self {
+        Self { accepted: alpha * PRIOR_WEIGHT, judged: PRIOR_WEIGHT }
+    }
+
+    /// The estimate.
+    pub fn alpha(&self) -> f64 {
+        self.accepted / self.judged
+    }
+
+    /// Counts a round that drafted `k` tokens (k > 0) and kept `accepted` of them: positions
+    /// up to the first rejection were judged.
+    pub fn observe(&mut self, k: usize, accepted: usize) {
+        self.accepted = KEEP * self.accepted + accepted as f64;
+        self.judged = KEEP * self.judged + (accepted + 1).min(k) as f64;
+    }
+}
 
 pub(super) struct Sequence<D, T> {
     pub id: SeqId,
@@ -28,9 +55,8 @@ pub(super) struct Sequence<D, T> {
     rng: StdRng,
     pub stats: Stats,
     pub finish: Option<FinishReason>,
-    /// Faded counts of accepted and judged draft positions.
-    accepted: f64,
-    judged: f64,
+    /// How often its drafts are accepted.
+    pub acceptance: Acceptance,
     /// The block being drafted: tokens, whether each has a dense q row, the rows.
     drafted: Vec<u32>,
     dense: Vec<bool>,
@@ -44,7 +70,7 @@ pub(super) struct Sequence<D, T> {
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// Checks the request, resets both models and feeds them all but the prompt's last token
     /// (the draft only when the policy drafts at all).
-    pub fn start(id: SeqId, mut draft: D, mut target: T, r: Request, feed_draft: bool) -> Result<Self> {
+    pub fn start(id: SeqId, mut draft: D, mut target: T, r: Request, feed_draft: bool, prior: f64) -> Result<Self> {
         let vocab = target.vocab_size();
         if draft.vocab_size() != vocab {
             return Err(Error::VocabMismatch { draft: draft.vocab_size(), target: vocab });
@@ -74,8 +100,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             sampling: r.sampling,
             stop: r.stop,
             stats,
-            accepted: 0.0,
-            judged: 0.0,
+            acceptance: Acceptance::prior(prior),
             drafted: Vec::new(),
             dense: Vec::new(),
             q_rows: Vec::new(),
@@ -91,7 +116,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 
     /// The estimated chance that a drafted position is accepted.
     pub fn alpha(&self) -> f64 {
-        (self.accepted + PRIOR.0) / (self.judged + PRIOR.1)
+        self.acceptance.alpha()
     }
 
     /// Starts a new block.
@@ -149,7 +174,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 
     /// Judges the block against the target's rows, keeps the verdict's tokens (up to a stop),
     /// rolls both models back to the accepted prefix and updates the acceptance estimate.
-    pub fn judge(&mut self, logits: &Logits, secs: f64) -> Result<()> {
+    /// Returns the round's (drafted, accepted).
+    pub fn judge(&mut self, logits: &Logits, secs: f64) -> Result<(usize, usize)> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
         let (k, vocab) = (self.drafted.len(), self.target.vocab_size());
@@ -167,9 +193,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.accepted += verdict.accepted;
         self.stats.rejections += usize::from(verdict.accepted < k);
         self.stats.record_depths(k, verdict.accepted);
+        let accepted = verdict.accepted;
         if k > 0 {
-            self.accepted = KEEP * self.accepted + verdict.accepted as f64;
-            self.judged = KEEP * self.judged + (verdict.accepted + 1).min(k) as f64;
+            self.acceptance.observe(k, accepted);
         }
         self.target.truncate(n + verdict.accepted)?;
         if self.draft.context_len() > n + verdict.accepted {
@@ -183,7 +209,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
                 break;
             }
         }
-        Ok(())
+        Ok((k, accepted))
     }
 
     fn verdict(&mut self, logits: &Logits) -> Result<Verdict> {

@@ -4,7 +4,12 @@
 //! the seed's predictions S(k, α, c) and S with v, plus resident memory.
 //!
 //! `cargo run --release --example spec_bench -- --json` (after `scripts/fetch-models.sh`);
-//! chains against trees: `-- --drafters model,ngram --ks auto --trees none,2x5x12,auto --formats ''`.
+//! chains against trees: `-- --drafters model,ngram --ks auto --trees none,2x5x12,auto --formats ''`;
+//! batches: `-- --batch 1,2,4,8,16` (see `batch.rs`).
+
+mod batch;
+#[path = "../support/chart.rs"]
+mod chart;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -61,9 +66,28 @@ struct Args {
     #[arg(long, default_value = "f32,stored,q8_0,q4_0,q4_1,q4k")]
     formats: String,
     /// Also print T(m)/T(1), the cost of scoring m rows in one forward pass at context 100,
-    /// for m = 1..=64 (what trees and batches spend), then stop.
+    /// for m = 1..=128 (what trees and batches spend), then stop.
     #[arg(long)]
     rows_curve: bool,
+    /// Batch sizes, comma-separated (e.g. 1,2,4,8,16): measure batched plain decoding, fixed-k
+    /// and adaptive speculation per batch size instead of the single-sequence tables.
+    #[arg(long)]
+    batch: Option<String>,
+    /// Batch mode: the fixed k's to compare, comma-separated.
+    #[arg(long, default_value = "2,4")]
+    batch_ks: String,
+    /// Batch mode: the adaptive policy's largest k.
+    #[arg(long, default_value_t = 6)]
+    batch_max_k: usize,
+    /// Batch mode: tokens per sequence.
+    #[arg(long, default_value_t = 96)]
+    batch_tokens: usize,
+    /// Batch mode: runs per batch size and policy (the policies take turns).
+    #[arg(long, default_value_t = 2)]
+    batch_repeats: usize,
+    /// Batch mode: where to write the chart of throughput against batch size.
+    #[arg(long, default_value = "docs/charts/batch-throughput.svg")]
+    batch_svg: String,
     /// End with one JSON line.
     #[arg(long)]
     json: bool,
@@ -106,6 +130,19 @@ fn main() -> Result<()> {
     stop.extend(tok.end_of_turn_ids());
     if args.ignore_eos {
         stop.clear();
+    }
+    if let Some(sizes) = &args.batch {
+        let plan = batch::Plan {
+            sizes: parse_list(sizes)?,
+            ks: if args.batch_ks.is_empty() { Vec::new() } else { parse_list(&args.batch_ks)? },
+            max_k: args.batch_max_k,
+            tokens: args.batch_tokens,
+            repeats: args.batch_repeats,
+            prompts: &prompts,
+            svg: args.batch_svg.clone(),
+            json: args.json,
+        };
+        return batch::run(&target, &files.load(WeightFormat::Stored, &device)?.0, &plan);
     }
     if args.rows_curve {
         return rows_curve(&target, &files.load(WeightFormat::Stored, &device)?.0);
@@ -314,7 +351,7 @@ fn rows_curve(f32_weights: &Arc<LlamaWeights>, stored: &Arc<LlamaWeights>) -> Re
     println!("{}", specdec::cpu::kernels());
     println!("{:>4} {:>10} {:>8} {:>12} {:>8}", "m", "f32 ms", "T(m)/T1", "stored ms", "T(m)/T1");
     let (one_f, one_s) = (forward_ms(f32_weights, 1)?, forward_ms(stored, 1)?);
-    for m in [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64] {
+    for m in [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128] {
         let (f, q) = (forward_ms(f32_weights, m)?, forward_ms(stored, m)?);
         println!("{m:>4} {f:>10.2} {:>8.2} {q:>12.2} {:>8.2}", f / one_f, q / one_s);
     }
