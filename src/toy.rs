@@ -159,6 +159,10 @@ impl DraftModel for PointDraft {
     }
 }
 
+impl BatchTarget for MarkovModel {}
+
+impl BatchDraft for PointDraft {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +189,3 @@ mod tests {
     }
 }
 
-impl BatchTarget for MarkovModel {}
-
-impl BatchDraft for PointDraft {}

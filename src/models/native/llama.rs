@@ -325,6 +325,9 @@ impl Part<'_> {
     }
 }
 
+/// Each part's logits, and the hidden states the taps asked for over all rows.
+type PassOutput = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 impl NativeWeights {
     /// One sequence's chain or tree, through [`run`](Self::run).
     #[allow(clippy::too_many_arguments)]
@@ -355,7 +358,7 @@ impl NativeWeights {
         layers: &[usize],
         taps: &[Tap],
         s: &mut Scratch,
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    ) -> Result<PassOutput> {
         let mut hidden = vec![Vec::new(); taps.len()];
         // Each row's part and its index in the part.
         let owner: Vec<(usize, usize)> =
