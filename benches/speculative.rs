@@ -2,7 +2,8 @@
 //! (a) the accept/reject kernel on vocabulary-sized rows; (b) matrix products and model
 //! forwards for 1 versus k + 1 rows; (c) 128-token generations, plain versus speculative for
 //! k = 2..6, on toy models and, when `scripts/fetch-models.sh` has run, on SmolLM2-135M
-//! (f32 target, its own Q4_1 weights as the draft).
+//! (f32 target, its own Q4_1 weights as the draft); (d) eight SmolLM2 sequences decoded one
+//! after another against one batch (plain, fixed k, adaptive).
 //!
 //! `cargo bench` (about 10 minutes here); `cargo bench -- kernel` for one group.
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use specdec::batch::{BatchCosts, BatchDecoder, BatchPolicy, Request};
 use specdec::kernel::{self, DraftRow};
 use specdec::models::native::matmul::{matmul_parallel, Packed};
 use specdec::toy::MarkovModel;
@@ -160,5 +162,36 @@ fn generation(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernel_rows, rows_one_vs_many, generation);
+/// (d) Eight SmolLM2 sequences of 32 tokens: one after another (plain), and as one batch
+/// (plain, fixed k = 2, adaptive): the batch's throughput against sequential decoding.
+fn batches(c: &mut Criterion) {
+    let models = real_models();
+    let (Some((_, target)), Some((_, draft))) = (models.first(), models.get(1)) else { return };
+    let prompts: Vec<Vec<u32>> = (0..8u32).map(|i| vec![1, 100 + i, 200 + 3 * i, 300]).collect();
+    let mut g = c.benchmark_group("batch_smollm2_8x32");
+    g.sample_size(10).measurement_time(Duration::from_secs(20));
+    g.bench_function("sequential_plain", |b| {
+        let Ok(model) = Llama::new(target.clone()) else { return };
+        let mut dec = PlainDecoder::new(model, SamplingConfig::greedy()).max_new_tokens(32);
+        b.iter(|| prompts.iter().map(|p| dec.generate(p).map(|g| g.tokens.len())).sum::<specdec::Result<usize>>())
+    });
+    // T(m) measured once, as a server would at start-up (not in every iteration).
+    let Ok(mut probe) = Llama::new(target.clone()) else { return };
+    let Ok(costs) = BatchCosts::measure(&mut probe, 1, 128) else { return };
+    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2), BatchPolicy::default()] {
+        g.bench_function(format!("{policy:?}"), |b| {
+            b.iter(|| -> specdec::Result<usize> {
+                let mut batch = BatchDecoder::with_costs(policy, costs.clone())?;
+                for p in &prompts {
+                    let request = Request::new(p.clone()).max_new_tokens(32);
+                    batch.add(Llama::new(draft.clone())?, Llama::new(target.clone())?, request)?;
+                }
+                Ok(batch.run()?.len())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernel_rows, rows_one_vs_many, generation, batches);
 criterion_main!(benches);

@@ -188,4 +188,3 @@ mod tests {
         assert!(MarkovModel::new(0, 1, vec![]).is_err());
     }
 }
-

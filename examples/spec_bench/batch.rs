@@ -57,9 +57,10 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
         // The policies take turns, `repeats` times, so that the machine's drifting speed
         // touches them alike; each row is their mean.
         let mut runs: Vec<Vec<Measure>> = policies.iter().map(|_| Vec::new()).collect();
-        for _ in 0..plan.repeats.max(1) {
-            for (&policy, runs) in policies.iter().zip(&mut runs) {
-                runs.push(measure(target, draft, plan, b, policy, &costs)?);
+        for r in 0..plan.repeats.max(1) {
+            // Each repeat starts at another policy, so that none always runs first.
+            for i in (0..policies.len()).map(|i| (i + r) % policies.len()) {
+                runs[i].push(measure(target, draft, plan, b, policies[i], &costs)?);
             }
         }
         let mut plain_tok_s = 0.0;
@@ -107,7 +108,9 @@ fn name(p: BatchPolicy) -> String {
     }
 }
 
-/// Decodes `b` sequences (the prompts cycled), `plan.tokens` each, with no stop token.
+/// Decodes `b` sequences (the prompts cycled), `plan.tokens` each, with no stop token; the
+/// times include the prompts' prefill (the target's as each joins, the draft's when it first
+/// drafts).
 fn measure(
     target: &Arc<LlamaWeights>,
     draft: &Arc<LlamaWeights>,
@@ -116,6 +119,7 @@ fn measure(
     policy: BatchPolicy,
     costs: &BatchCosts,
 ) -> Result<Measure> {
+    let start = Instant::now();
     let mut batch = BatchDecoder::with_costs(policy, costs.clone())?;
     for i in 0..b {
         let prompt = plan.prompts[i % plan.prompts.len()].clone();
@@ -125,7 +129,6 @@ fn measure(
             Request::new(prompt).max_new_tokens(plan.tokens),
         )?;
     }
-    let start = Instant::now();
     let (mut latencies, mut stats, mut tokens) = (Vec::new(), Stats::default(), 0);
     while batch.active() > 0 {
         batch.step()?;

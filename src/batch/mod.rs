@@ -161,11 +161,10 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// unchanged).
     pub fn add(&mut self, draft: D, target: T, request: Request) -> Result<SeqId> {
         let id = SeqId(self.next_id);
-        let drafts = request.k.map_or(self.policy != BatchPolicy::Plain, |k| k > 0);
         if let Some(k) = request.k {
             BatchPolicy::Fixed(k).check()?;
         }
-        let seq = Sequence::start(id, draft, target, request, drafts, self.pool.alpha())?;
+        let seq = Sequence::start(id, draft, target, request, self.pool.alpha())?;
         self.next_id += 1;
         self.seqs.push(seq);
         self.retire();
@@ -321,7 +320,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 for (s, &limit) in self.seqs.iter().zip(&limits) {
                     let missed = pending(&s.ctx, s.draft.context_len(), "draft")?.len();
                     let behind = if missed > 2 { missed - 1 } else { 0 };
-                    seqs.push(Candidate { alpha: s.alpha(), limit: limit.min(max_k).min(cap), behind });
+                    let limit = limit.min(max_k).min(cap);
+                    seqs.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.remaining() });
                 }
                 self.costs.choose(&seqs)
             }

@@ -70,22 +70,38 @@ pub struct Candidate {
     pub alpha: f64,
     /// The most it may draft this step.
     pub limit: usize,
-    /// Tokens its draft must catch up on before drafting (it decoded plainly meanwhile).
+    /// Tokens its draft must catch up on before drafting (the prompt, or what it decoded
+    /// plainly meanwhile).
     pub behind: usize,
+    /// Tokens it has left to generate.
+    pub remaining: usize,
 }
 
-/// Steps over which the catch-up of a draft that starts drafting again is paid off.
-const CATCH_UP_STEPS: f64 = 4.0;
+/// The most steps over which a catch-up is expected to pay back.
+const PAYBACK_STEPS: f64 = 16.0;
 
 /// Measured costs: the seconds of a target pass by its number of rows, T(m); of a batched
 /// draft call by its number of rows, D(b); and the rest of a step (sampling, judging, copying
 /// rows) per row. Unmeasured sizes are read off the straight line through the nearest
 /// measured ones.
-#[derive(Debug, Clone, Default)]
+///
+/// T's shape comes from the first measurement at each size (a calibration, see
+/// [`measure`](Self::measure)); later passes move its level only, one factor for all sizes.
+/// (Per-size averages would drift apart: the sizes a batch uses grow slower as contexts
+/// lengthen and the machine's speed drifts, the others keep their old times, and the curve
+/// would bend toward whatever was not used lately.)
+#[derive(Debug, Clone)]
 pub struct BatchCosts {
     target: Vec<Option<f64>>,
+    target_level: f64,
     draft: Vec<Option<f64>>,
     other_per_row: Option<f64>,
+}
+
+impl Default for BatchCosts {
+    fn default() -> Self {
+        Self { target: Vec::new(), target_level: 1.0, draft: Vec::new(), other_per_row: None }
+    }
 }
 
 impl BatchCosts {
@@ -141,11 +157,11 @@ impl BatchCosts {
         Ok(())
     }
 
-    /// Takes over every size `other` measured.
+    /// Takes over every size `other` measured that this lacks.
     pub fn merge(&mut self, other: BatchCosts) {
         for (mine, theirs) in [(&mut self.target, other.target), (&mut self.draft, other.draft)] {
             for (size, secs) in theirs.into_iter().enumerate() {
-                if let Some(secs) = secs {
+                if let (Some(secs), false) = (secs, mine.get(size).is_some_and(Option::is_some)) {
                     observe(mine, size, secs);
                 }
             }
@@ -153,9 +169,15 @@ impl BatchCosts {
         self.other_per_row = self.other_per_row.or(other.other_per_row);
     }
 
-    /// Records a target pass of `rows` rows that took `secs`.
+    /// Records a target pass of `rows` rows that took `secs`: the first at its size sets the
+    /// curve there, later ones move the level of the whole curve.
     pub fn observe_target(&mut self, rows: usize, secs: f64) {
-        observe(&mut self.target, rows, secs);
+        match self.target.get(rows).copied().flatten() {
+            Some(shape) if shape > 0.0 => {
+                self.target_level = (1.0 - NEW) * self.target_level + NEW * secs / shape;
+            }
+            _ => observe(&mut self.target, rows, secs / self.target_level),
+        }
     }
 
     /// Records a batched draft call over `rows` rows that took `secs`.
@@ -181,7 +203,7 @@ impl BatchCosts {
 
     /// T(m): the seconds of a target pass of `rows` rows (`None` before any measurement).
     pub fn target_secs(&self, rows: usize) -> Option<f64> {
-        estimate(&self.target, rows)
+        estimate(&self.target, rows).map(|t| t * self.target_level)
     }
 
     /// D(b): the seconds of a draft call over `rows` rows (0 before any measurement, so that
@@ -200,11 +222,29 @@ impl BatchCosts {
         let rows: usize = ks.iter().map(|k| k + 1).sum();
         let depth = ks.iter().copied().max().unwrap_or(0);
         let drafting: f64 = (0..depth).map(|j| self.draft_secs(ks.iter().filter(|&&k| k > j).count())).sum();
-        let behind: usize = seqs.iter().zip(ks).filter(|(_, &k)| k > 0).map(|(s, _)| s.behind).sum();
-        let catch_up = self.draft_secs(behind) / CATCH_UP_STEPS;
+        let catch_up = self.catch_up_secs(seqs, ks);
         let other = self.other_per_row.unwrap_or(0.0) * (rows + ks.iter().sum::<usize>()) as f64;
         let secs = self.target_secs(rows)? + drafting + catch_up + other;
         Some(tokens / secs.max(1e-12))
+    }
+
+    /// The share of this step in the catch-up of the drafts that start drafting: one batched
+    /// call over all their missed tokens, spread over the steps each has left (as if it kept
+    /// drafting), but over no more than 16, so that drafting starts only where it pays the
+    /// catch-up back soon (the estimates it starts from may be off, and a draft that stops
+    /// again wasted it).
+    fn catch_up_secs(&self, seqs: &[Candidate], ks: &[usize]) -> f64 {
+        let starting = seqs.iter().zip(ks).filter(|(s, &k)| k > 0 && s.behind > 0);
+        let (mut rows, mut share) = (0, 0.0);
+        for (s, &k) in starting {
+            rows += s.behind;
+            let steps = s.remaining as f64 / expected_tokens_per_call(k as f64, s.alpha);
+            share += s.behind as f64 / steps.clamp(1.0, PAYBACK_STEPS);
+        }
+        if rows == 0 {
+            return 0.0;
+        }
+        self.draft_secs(rows) * (share / rows as f64).min(1.0)
     }
 
     /// The k of each sequence (at most its limit) with the highest predicted throughput: the
@@ -286,7 +326,7 @@ mod tests {
     }
 
     fn seq(alpha: f64, limit: usize) -> Candidate {
-        Candidate { alpha, limit, behind: 0 }
+        Candidate { alpha, limit, behind: 0, remaining: 100 }
     }
 
     #[test]
@@ -296,6 +336,13 @@ mod tests {
         assert!((c.target_secs(12).unwrap_or(0.0) - 0.03).abs() < 1e-12);
         assert!((c.target_secs(256).unwrap_or(0.0) - 0.64).abs() < 1e-9);
         assert!((c.draft_secs(4) - 0.0019).abs() < 1e-12);
+        // Slower passes later move the whole curve, in proportion.
+        let mut slow = c.clone();
+        for _ in 0..200 {
+            slow.observe_target(4, 0.020);
+        }
+        assert!((slow.target_secs(4).unwrap_or(0.0) - 0.020).abs() < 1e-9);
+        assert!((slow.target_secs(64).unwrap_or(0.0) - 0.32).abs() < 1e-6);
         assert_eq!(BatchCosts::default().target_secs(3), None);
         assert_eq!(BatchCosts::default().draft_secs(3), 0.0);
     }
@@ -324,8 +371,10 @@ mod tests {
     fn a_long_catch_up_keeps_a_draft_idle() {
         let c = costs(1.0);
         assert!(c.choose(&[seq(0.8, 4)])[0] > 0);
-        let behind = Candidate { behind: 2000, ..seq(0.8, 4) };
+        // Catching up on 2,000 tokens does not pay back soon enough; on 30 it does.
+        let behind = Candidate { behind: 2000, remaining: 10_000, ..seq(0.8, 4) };
         assert_eq!(c.choose(&[behind]), vec![0]);
+        assert!(c.choose(&[Candidate { behind: 30, ..behind }])[0] > 0);
     }
 
     #[test]

@@ -68,9 +68,10 @@ pub(super) struct Sequence<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
-    /// Checks the request, resets both models and feeds them all but the prompt's last token
-    /// (the draft only when the policy drafts at all).
-    pub fn start(id: SeqId, mut draft: D, mut target: T, r: Request, feed_draft: bool, prior: f64) -> Result<Self> {
+    /// Checks the request, resets both models and feeds the target all but the prompt's last
+    /// token. The draft catches up on the prompt (in one batched call with the others) the first
+    /// time it drafts, so a sequence that never drafts never feeds it.
+    pub fn start(id: SeqId, mut draft: D, mut target: T, r: Request, prior: f64) -> Result<Self> {
         let vocab = target.vocab_size();
         if draft.vocab_size() != vocab {
             return Err(Error::VocabMismatch { draft: draft.vocab_size(), target: vocab });
@@ -84,9 +85,6 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         let head = &r.prompt[..r.prompt.len() - 1];
         if !head.is_empty() {
             target.forward(head, 0)?;
-            if feed_draft {
-                draft.propose(head)?;
-            }
         }
         stats.prefill_secs = start.elapsed().as_secs_f64();
         Ok(Self {
