@@ -27,7 +27,12 @@ pub struct Plan<'a> {
 
 /// One (batch size, policy) run.
 struct Measure {
+    /// Tokens per second of decoding: from the first step on (a draft's catch-up on its
+    /// prompt counts, the target's prefill as sequences join does not).
     tok_s: f64,
+    /// Tokens per second from before the first sequence joined (all prefill included).
+    tok_s_all: f64,
+    /// Seconds from before the first sequence joined to each sequence's end, the mean.
     latency_s: f64,
     stats: Stats,
 }
@@ -49,8 +54,18 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
     policies.extend(plan.ks.iter().map(|&k| BatchPolicy::Fixed(k)));
     policies.push(BatchPolicy::Adaptive { max_k: plan.max_k });
     println!(
-        "{:>5} {:<14} {:>9} {:>8} {:>10} {:>11} {:>7} {:>6} {:>9}",
-        "batch", "policy", "tok/s", "xplain", "latency s", "ms/tok/seq", "mean k", "alpha", "tok/step"
+        "{:>5} {:<14} {:>9} {:>8} {:>10} {:>8} {:>10} {:>11} {:>7} {:>6} {:>9}",
+        "batch",
+        "policy",
+        "tok/s",
+        "xplain",
+        "tok/s all",
+        "xplain",
+        "latency s",
+        "ms/tok/seq",
+        "mean k",
+        "alpha",
+        "tok/step"
     );
     let mut table: Vec<(usize, BatchPolicy, Measure)> = Vec::new();
     for &b in &plan.sizes {
@@ -63,17 +78,19 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
                 runs[i].push(measure(target, draft, plan, b, policies[i], &costs)?);
             }
         }
-        let mut plain_tok_s = 0.0;
+        let mut plain = (0.0, 0.0);
         for (&policy, runs) in policies.iter().zip(runs) {
             let m = mean_of(runs);
             if policy == BatchPolicy::Plain {
-                plain_tok_s = m.tok_s;
+                plain = (m.tok_s, m.tok_s_all);
             }
             println!(
-                "{b:>5} {:<14} {:>9.1} {:>8.2} {:>10.2} {:>11.1} {:>7.2} {:>6.3} {:>9.2}",
+                "{b:>5} {:<14} {:>9.1} {:>8.2} {:>10.1} {:>8.2} {:>10.2} {:>11.1} {:>7.2} {:>6.3} {:>9.2}",
                 name(policy),
                 m.tok_s,
-                m.tok_s / plain_tok_s,
+                m.tok_s / plain.0,
+                m.tok_s_all,
+                m.tok_s_all / plain.1,
                 m.latency_s,
                 m.latency_s * 1e3 / plan.tokens as f64,
                 m.stats.mean_k(),
@@ -91,13 +108,13 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
 /// The mean throughput and latency of several runs, their statistics summed.
 fn mean_of(runs: Vec<Measure>) -> Measure {
     let n = runs.len().max(1) as f64;
-    let (tok_s, latency_s) =
-        (runs.iter().map(|m| m.tok_s).sum::<f64>() / n, runs.iter().map(|m| m.latency_s).sum::<f64>() / n);
+    let mean = |f: fn(&Measure) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    let (tok_s, tok_s_all, latency_s) = (mean(|m| m.tok_s), mean(|m| m.tok_s_all), mean(|m| m.latency_s));
     let stats = runs.into_iter().fold(Stats::default(), |mut total, m| {
         total += &m.stats;
         total
     });
-    Measure { tok_s, latency_s, stats }
+    Measure { tok_s, tok_s_all, latency_s, stats }
 }
 
 fn name(p: BatchPolicy) -> String {
@@ -129,6 +146,7 @@ fn measure(
             Request::new(prompt).max_new_tokens(plan.tokens),
         )?;
     }
+    let joined = Instant::now();
     let (mut latencies, mut stats, mut tokens) = (Vec::new(), Stats::default(), 0);
     while batch.active() > 0 {
         batch.step()?;
@@ -138,14 +156,16 @@ fn measure(
             stats += &f.generation.stats;
         }
     }
-    let wall = start.elapsed().as_secs_f64();
+    let (wall, decode) = (start.elapsed().as_secs_f64(), joined.elapsed().as_secs_f64());
     if std::env::var_os("SPEC_BENCH_DEBUG").is_some() {
         eprintln!("{b} {policy:?}: {:?}", batch.costs());
     }
-    Ok(Measure { tok_s: tokens as f64 / wall, latency_s: latencies.iter().sum::<f64>() / b as f64, stats })
+    let latency_s = latencies.iter().sum::<f64>() / b as f64;
+    Ok(Measure { tok_s: tokens as f64 / decode, tok_s_all: tokens as f64 / wall, latency_s, stats })
 }
 
-/// Batch 1 against the single-sequence decoders: plain and adaptive speculation, tokens/s.
+/// Batch 1 against the single-sequence decoders on the same prompt: plain and adaptive
+/// speculation, tokens/s of decoding, the mean of `plan.repeats` runs each, alternating.
 fn single_sequence(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -> Result<(f64, f64)> {
     let mut plain =
         PlainDecoder::new(Llama::new(target.clone())?, SamplingConfig::greedy()).max_new_tokens(plan.tokens);
@@ -153,8 +173,12 @@ fn single_sequence(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: 
         .k_policy(KPolicy::default())
         .max_new_tokens(plan.tokens)
         .build()?;
-    let (p, s) = (plain.generate(&plan.prompts[0])?, spec.generate(&plan.prompts[0])?);
-    Ok((p.stats.tokens_per_sec(), s.stats.tokens_per_sec()))
+    let (mut p, mut s) = (0.0, 0.0);
+    for _ in 0..plan.repeats.max(1) {
+        p += plain.generate(&plan.prompts[0])?.stats.tokens_per_sec();
+        s += spec.generate(&plan.prompts[0])?.stats.tokens_per_sec();
+    }
+    Ok((p / plan.repeats.max(1) as f64, s / plan.repeats.max(1) as f64))
 }
 
 /// The numbers the issue asks for, the crossover, the chart and the JSON line.
@@ -165,12 +189,20 @@ fn summary(
     single: (f64, f64),
 ) -> Result<()> {
     let tok_s = |b: usize, p: BatchPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.tok_s);
-    println!("adaptive against the best of plain and each fixed k, per batch size:");
+    let tok_s_all =
+        |b: usize, p: BatchPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.tok_s_all);
+    println!("adaptive against the best of plain and each fixed k, per batch size (decoding; with prefill):");
     for &b in &plan.sizes {
-        let best = policies.iter().filter(|p| !matches!(p, BatchPolicy::Adaptive { .. })).map(|&p| tok_s(b, p));
-        let best = best.fold(0.0, f64::max);
-        let adaptive = tok_s(b, BatchPolicy::Adaptive { max_k: plan.max_k });
-        println!("  batch {b:>3}: adaptive {adaptive:.1} tok/s = {:.3} x best {best:.1}", adaptive / best);
+        let others = policies.iter().filter(|p| !matches!(p, BatchPolicy::Adaptive { .. }));
+        let best = others.clone().map(|&p| tok_s(b, p)).fold(0.0, f64::max);
+        let best_all = others.map(|&p| tok_s_all(b, p)).fold(0.0, f64::max);
+        let adaptive = BatchPolicy::Adaptive { max_k: plan.max_k };
+        let (a, a_all) = (tok_s(b, adaptive), tok_s_all(b, adaptive));
+        println!(
+            "  batch {b:>3}: adaptive {a:.1} tok/s = {:.3} x best {best:.1}; with prefill {a_all:.1} = {:.3} x {best_all:.1}",
+            a / best,
+            a_all / best_all
+        );
     }
     for &k in &plan.ks {
         let cross = plan.sizes.iter().find(|&&b| tok_s(b, BatchPolicy::Fixed(k)) < tok_s(b, BatchPolicy::Plain));
@@ -181,7 +213,8 @@ fn summary(
     }
     let (p1, p8) = (tok_s(1, BatchPolicy::Plain), tok_s(8, BatchPolicy::Plain));
     if p1 > 0.0 && p8 > 0.0 {
-        println!("plain throughput, batch 8 over batch 1: {:.2}x", p8 / p1);
+        let ratio_all = tok_s_all(8, BatchPolicy::Plain) / tok_s_all(1, BatchPolicy::Plain);
+        println!("plain throughput, batch 8 over batch 1: {:.2}x decoding, {ratio_all:.2}x with prefill", p8 / p1);
     }
     println!(
         "single-sequence decoders, same prompt: plain {:.1} tok/s, adaptive speculation {:.1} tok/s; batch 1 adaptive {:.1} tok/s",
@@ -189,25 +222,28 @@ fn summary(
         single.1,
         tok_s(1, BatchPolicy::Adaptive { max_k: plan.max_k })
     );
-    let series: Vec<Series> = policies
-        .iter()
-        .map(|&p| Series {
+    let latency = |b: usize, p: BatchPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.latency_s);
+    let series = |value: &dyn Fn(usize, BatchPolicy) -> f64| -> Vec<Series> {
+        let line = |&p: &BatchPolicy| Series {
             name: name(p),
-            points: plan.sizes.iter().map(|&b| (b as f64, tok_s(b, p))).collect(),
+            points: plan.sizes.iter().map(|&b| (b as f64, value(b, p))).collect(),
             dashed: false,
-        })
-        .collect();
+        };
+        policies.iter().map(line).collect()
+    };
     if let Some(dir) = std::path::Path::new(&plan.svg).parent() {
         std::fs::create_dir_all(dir)?;
     }
     let title = format!("SmolLM2-135M f32 target, Q4_1 draft, {} tokens per sequence", plan.tokens);
-    line_chart(&plan.svg, &title, "batch size", "tokens/s, all sequences", &series, true)?;
-    println!("wrote {}", plan.svg);
+    line_chart(&plan.svg, &title, "batch size", "tokens/s decoding, all sequences", &series(&tok_s), true)?;
+    let latency_svg = plan.svg.replace(".svg", "-latency.svg");
+    line_chart(&latency_svg, &title, "batch size", "seconds per sequence (mean)", &series(&latency), true)?;
+    println!("wrote {} and {latency_svg}", plan.svg);
     if plan.json {
         let rows: Vec<_> = table
             .iter()
             .map(|(b, p, m)| {
-                json!({"batch": b, "policy": name(*p), "tok_s": m.tok_s, "latency_s": m.latency_s,
+                json!({"batch": b, "policy": name(*p), "tok_s": m.tok_s, "tok_s_with_prefill": m.tok_s_all, "latency_s": m.latency_s,
                        "mean_k": m.stats.mean_k(), "alpha": m.stats.position_acceptance(),
                        "tokens_per_call": m.stats.tokens_per_target_call()})
             })

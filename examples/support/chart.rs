@@ -30,6 +30,7 @@ pub fn line_chart(path: &str, title: &str, x_label: &str, y_label: &str, series:
         .map_err(|e| anyhow!("{e}"))?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .x_desc(x_label)
         .y_desc(y_label)
         .x_label_formatter(&|x| if log_x { format!("{:.0}", 2f64.powf(*x)) } else { format!("{x:.0}") })

@@ -136,7 +136,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// An empty batch whose adaptive policy starts from costs measured before (say, once when
     /// a server starts, with [`BatchCosts::measure`]); without T(1) among them, the first
     /// adaptive step measures T(m) on its first sequence's target, which takes about as long
-    /// as scoring 500 rows.
+    /// as scoring 1,500 rows (2 s for SmolLM2-135M in f32 on 2 cores).
     ///
     /// # Errors
     /// As [`new`](Self::new).
