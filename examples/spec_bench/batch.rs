@@ -234,7 +234,9 @@ fn summary(
     if let Some(dir) = std::path::Path::new(&plan.svg).parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let title = format!("SmolLM2-135M f32 target, Q4_1 draft, {} tokens per sequence", plan.tokens);
+    let kernels = specdec::cpu::kernels().to_string();
+    let cpu = kernels.rsplit_once('(').map_or("", |(_, c)| c.trim_end_matches(')'));
+    let title = format!("SmolLM2-135M f32 target, Q4_1 draft, {} tokens/sequence; {cpu}", plan.tokens);
     line_chart(&plan.svg, &title, "batch size", "tokens/s decoding, all sequences", &series(&tok_s), true)?;
     let latency_svg = plan.svg.replace(".svg", "-latency.svg");
     line_chart(&latency_svg, &title, "batch size", "seconds per sequence (mean)", &series(&latency), true)?;

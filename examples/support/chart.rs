@@ -31,6 +31,8 @@ pub fn line_chart(path: &str, title: &str, x_label: &str, y_label: &str, series:
     chart
         .configure_mesh()
         .light_line_style(WHITE)
+        // On a log scale, one label per doubling.
+        .x_labels(if log_x { (fx(x_max) - fx(x_min)).round() as usize + 1 } else { 10 })
         .x_desc(x_label)
         .y_desc(y_label)
         .x_label_formatter(&|x| if log_x { format!("{:.0}", 2f64.powf(*x)) } else { format!("{x:.0}") })

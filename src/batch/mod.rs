@@ -85,6 +85,18 @@ pub struct Finished<D, T> {
     pub target: T,
 }
 
+/// What a step spent, for the cost estimates.
+struct Spent {
+    /// Seconds in draft and target calls (catch-up aside).
+    busy: f64,
+    /// Rows those calls scored.
+    rows: usize,
+    /// Seconds of calibration and catch-up: once-off costs, left out of the step's rate.
+    setup: f64,
+    /// For the adaptive policy: whether the step drafted, and its predicted tokens per second.
+    predicted: Option<(bool, f64)>,
+}
+
 /// The most rows the adaptive policy puts in one target pass (and measures T for).
 pub const MAX_ROWS: usize = 128;
 
@@ -214,7 +226,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         }
         let before: Vec<usize> = self.seqs.iter().map(|s| s.ctx.len()).collect();
         let start = Instant::now();
-        let (busy, rows) = match self.round() {
+        let spent = match self.round() {
             Ok(spent) => spent,
             Err(e) => {
                 self.ready = self.seqs.iter_mut().all(Sequence::resync);
@@ -222,7 +234,11 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             }
         };
         let secs = start.elapsed().as_secs_f64();
-        self.costs.observe_other(rows, secs - busy);
+        self.costs.observe_other(spent.rows, secs - spent.busy - spent.setup);
+        if let Some((drafting, predicted)) = spent.predicted {
+            let tokens: usize = self.seqs.iter().zip(&before).map(|(s, &n)| s.ctx.len() - n).sum();
+            self.costs.observe_outcome(drafting, predicted, tokens as f64 / (secs - spent.setup).max(1e-9));
+        }
         let new = self
             .seqs
             .iter_mut()
@@ -250,12 +266,13 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         }
     }
 
-    /// Chooses the k's, drafts, verifies in one pass and judges every sequence. Returns the
-    /// seconds spent in model calls and the rows they scored.
-    fn round(&mut self) -> Result<(f64, usize)> {
-        let ks = self.choose_ks()?;
-        let mut busy = self.catch_up(&ks)?;
-        let mut scored = 0;
+    /// Chooses the k's, drafts, verifies in one pass and judges every sequence.
+    fn round(&mut self) -> Result<Spent> {
+        let start = Instant::now();
+        let (ks, predicted) = self.choose_ks()?;
+        let calibration = start.elapsed().as_secs_f64();
+        let catch_up = self.catch_up(&ks)?;
+        let (mut busy, mut scored) = (0.0, 0);
         let depth = ks.iter().copied().max().unwrap_or(0);
         for s in &mut self.seqs {
             s.new_block();
@@ -303,12 +320,15 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 self.pool.observe(k, accepted);
             }
         }
-        Ok((busy + secs, scored + rows))
+        Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }
 
-    /// Each sequence's k for this step, by the policy (never past its last token).
-    fn choose_ks(&mut self) -> Result<Vec<usize>> {
+    /// Each sequence's k for this step, by the policy (never past its last token), and for the
+    /// adaptive policy whether the step drafts and its predicted tokens per second (catch-up
+    /// left out).
+    fn choose_ks(&mut self) -> Result<(Vec<usize>, Option<(bool, f64)>)> {
         let limits: Vec<usize> = self.seqs.iter().map(|s| s.remaining().saturating_sub(1)).collect();
+        let mut candidates = Vec::new();
         let chosen = match self.policy {
             BatchPolicy::Plain => vec![0; self.seqs.len()],
             BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
@@ -316,20 +336,25 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 self.calibrate()?;
                 // The most rows measured bounds the step's rows.
                 let cap = (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1);
-                let mut seqs = Vec::with_capacity(self.seqs.len());
                 for (s, &limit) in self.seqs.iter().zip(&limits) {
                     let missed = pending(&s.ctx, s.draft.context_len(), "draft")?.len();
                     let behind = if missed > 2 { missed - 1 } else { 0 };
                     let limit = limit.min(max_k).min(cap);
-                    seqs.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.remaining() });
+                    candidates.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.remaining() });
                 }
-                self.costs.choose(&seqs)
+                self.costs.choose(&candidates)
             }
         };
         // Sequences with a k of their own keep it.
-        Ok((self.seqs.iter().zip(chosen).zip(limits))
+        let ks: Vec<usize> = (self.seqs.iter().zip(chosen).zip(limits))
             .map(|((s, k), limit)| s.fixed_k.map_or(k, |own| own.min(limit)))
-            .collect())
+            .collect();
+        candidates.iter_mut().for_each(|c| c.behind = 0);
+        let predicted = match candidates.is_empty() {
+            true => None,
+            false => self.costs.predicted(&candidates, &ks).map(|p| (ks.iter().any(|&k| k > 0), p)),
+        };
+        Ok((ks, predicted))
     }
 
     /// Measures what the costs lack: T(m) on the first sequence's target, D(b) on the

@@ -99,13 +99,16 @@ const PAYBACK_STEPS: f64 = 16.0;
 pub struct BatchCosts {
     target: Vec<Option<f64>>,
     target_level: f64,
+    /// Measured over predicted throughput, for plain steps and for drafting steps: what the
+    /// model misses (the curve's shape moving with the machine's load, overheads).
+    bias: [f64; 2],
     draft: Vec<Option<f64>>,
     other_per_row: Option<f64>,
 }
 
 impl Default for BatchCosts {
     fn default() -> Self {
-        Self { target: Vec::new(), target_level: 1.0, draft: Vec::new(), other_per_row: None }
+        Self { target: Vec::new(), target_level: 1.0, bias: [1.0; 2], draft: Vec::new(), other_per_row: None }
     }
 }
 
@@ -230,9 +233,25 @@ impl BatchCosts {
         estimate(&self.draft, rows).unwrap_or(0.0)
     }
 
-    /// The predicted tokens per second of one step in which sequence i drafts `ks[i]` tokens
-    /// (`None` before T is measured).
+    /// Records a step's measured tokens per second (catch-up and calibration left out) against
+    /// [`predicted`](Self::predicted) for it: how far off the model is, separately for plain and
+    /// drafting steps.
+    pub fn observe_outcome(&mut self, drafting: bool, predicted: f64, measured: f64) {
+        if predicted > 0.0 && measured.is_finite() {
+            let b = &mut self.bias[usize::from(drafting)];
+            *b = (1.0 - NEW) * *b + NEW * (measured / predicted).clamp(0.2, 5.0);
+        }
+    }
+
+    /// The predicted tokens per second of one step in which sequence i drafts `ks[i]` tokens,
+    /// corrected by how far off such predictions were (`None` before T is measured).
     pub fn throughput(&self, seqs: &[Candidate], ks: &[usize]) -> Option<f64> {
+        let drafting = ks.iter().any(|&k| k > 0);
+        Some(self.predicted(seqs, ks)? * self.bias[usize::from(drafting)])
+    }
+
+    /// As [`throughput`](Self::throughput), before the correction.
+    pub fn predicted(&self, seqs: &[Candidate], ks: &[usize]) -> Option<f64> {
         let tokens: f64 = seqs.iter().zip(ks).map(|(s, &k)| expected_tokens_per_call(k as f64, s.alpha)).sum();
         let rows: usize = ks.iter().map(|k| k + 1).sum();
         let depth = ks.iter().copied().max().unwrap_or(0);
