@@ -93,9 +93,12 @@ struct Spent {
     rows: usize,
     /// Seconds of calibration and catch-up: once-off costs, left out of the step's rate.
     setup: f64,
-    /// For the adaptive policy: whether the step drafted, and its predicted tokens per second.
-    predicted: Option<(bool, f64)>,
+    /// For the adaptive policy, what it predicted.
+    predicted: Option<Prediction>,
 }
+
+/// Whether a step drafts, and its predicted tokens per second.
+type Prediction = (bool, f64);
 
 /// The most rows the adaptive policy puts in one target pass (and measures T for).
 pub const MAX_ROWS: usize = 128;
@@ -314,11 +317,16 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let secs = start.elapsed().as_secs_f64();
         let rows: usize = logits.iter().map(|l| l.rows()).sum();
         self.costs.observe_target(rows, secs);
+        let (prior, mut drafted) = (self.pool.alpha(), false);
         for (s, rows) in self.seqs.iter_mut().zip(logits) {
-            let (k, accepted) = s.judge(&rows, secs)?;
+            let (k, accepted) = s.judge(&rows, secs, prior)?;
             if k > 0 {
                 self.pool.observe(k, accepted);
+                drafted = true;
             }
+        }
+        if !drafted {
+            self.pool.relax(FIRST_ALPHA);
         }
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }
@@ -326,7 +334,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// Each sequence's k for this step, by the policy (never past its last token), and for the
     /// adaptive policy whether the step drafts and its predicted tokens per second (catch-up
     /// left out).
-    fn choose_ks(&mut self) -> Result<(Vec<usize>, Option<(bool, f64)>)> {
+    fn choose_ks(&mut self) -> Result<(Vec<usize>, Option<Prediction>)> {
         let limits: Vec<usize> = self.seqs.iter().map(|s| s.remaining().saturating_sub(1)).collect();
         let mut candidates = Vec::new();
         let chosen = match self.policy {

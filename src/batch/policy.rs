@@ -62,6 +62,8 @@ const MAX_K: usize = 32;
 
 /// Weight of a new measurement in the running averages.
 const NEW: f64 = 0.2;
+/// How far the drafting correction moves back toward none after a plain step.
+const RELAX: f64 = 0.01;
 
 /// One sequence as the adaptive policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -148,17 +150,16 @@ impl BatchCosts {
         Ok(costs)
     }
 
-    /// Measures D(b) on the first b of `drafts` for b = 1 and all of them: one batched call
-    /// proposing after `token`, then each rolled back. (Two calls: with a straight line
-    /// between them, they serve every batch size in between.)
+    /// Measures D(b) on the first b of `drafts` for b = 1 and all of them: batched calls
+    /// proposing after `token`, each draft rolled back after each. A first call over all of
+    /// them warms their buffers up and is not kept; each size keeps the faster of two calls.
     ///
     /// # Errors
     /// A failed roll-back.
     pub fn measure_draft<D: BatchDraft>(&mut self, drafts: &mut [&mut D], token: u32) -> Result<()> {
         let n = drafts.len();
-        let sizes = if n > 1 { vec![1, n] } else { vec![n] };
-        for b in sizes {
-            let lens: Vec<usize> = drafts[..b].iter().map(|d| d.context_len()).collect();
+        let lens: Vec<usize> = drafts.iter().map(|d| d.context_len()).collect();
+        let mut time = |b: usize| -> Result<Option<f64>> {
             let start = Instant::now();
             let proposed = D::propose_batch(&mut drafts[..b], &vec![&[token][..]; b]);
             let secs = start.elapsed().as_secs_f64();
@@ -167,10 +168,16 @@ impl BatchCosts {
                     d.truncate(len)?;
                 }
             }
-            if proposed.is_err() {
-                break;
+            Ok(proposed.ok().map(|_| secs))
+        };
+        if n == 0 || time(n)?.is_none() {
+            return Ok(());
+        }
+        for b in if n > 1 { vec![1, n] } else { vec![1] } {
+            let (first, second) = (time(b)?, time(b)?);
+            if let Some(secs) = first.into_iter().chain(second).reduce(f64::min) {
+                self.observe_draft(b, secs);
             }
-            self.observe_draft(b, secs);
         }
         Ok(())
     }
@@ -236,10 +243,15 @@ impl BatchCosts {
     /// Records a step's measured tokens per second (catch-up and calibration left out) against
     /// [`predicted`](Self::predicted) for it: how far off the model is, separately for plain and
     /// drafting steps.
+    /// After a plain step, the drafting correction relaxes toward none, so that a few
+    /// unlucky drafting steps do not rule drafting out for good.
     pub fn observe_outcome(&mut self, drafting: bool, predicted: f64, measured: f64) {
         if predicted > 0.0 && measured.is_finite() {
             let b = &mut self.bias[usize::from(drafting)];
             *b = (1.0 - NEW) * *b + NEW * (measured / predicted).clamp(0.2, 5.0);
+        }
+        if !drafting {
+            self.bias[1] += RELAX * (1.0 - self.bias[1]);
         }
     }
 

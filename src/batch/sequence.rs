@@ -13,9 +13,12 @@ use crate::sampling::{argmax, sample, SamplingConfig};
 use crate::stats::{FinishReason, Generation, Stats};
 
 /// How much of the last rounds' acceptance counts stays each round (older rounds fade).
-const KEEP: f64 = 0.9;
+const KEEP: f64 = 0.95;
 /// Positions' worth of the prior an estimate starts from (it fades like the counts).
-const PRIOR_WEIGHT: f64 = 2.0;
+const PRIOR_WEIGHT: f64 = 8.0;
+/// How far an estimate moves toward its prior in a step without drafting (half-way in about
+/// 70 steps).
+pub(super) const RELAX: f64 = 0.01;
 
 /// An estimate of the chance that a drafted position is accepted: faded counts of accepted
 /// and judged positions, starting from a prior.
@@ -34,6 +37,13 @@ impl Acceptance {
     /// The estimate.
     pub fn alpha(&self) -> f64 {
         self.accepted / self.judged
+    }
+
+    /// Moves the estimate a step of `RELAX` toward `alpha`, keeping its weight: what a
+    /// sequence that did not draft does each step, so that an estimate a few unlucky rounds
+    /// pulled down is tried again in time rather than never.
+    pub fn relax(&mut self, alpha: f64) {
+        self.accepted += RELAX * (alpha * self.judged - self.accepted);
     }
 
     /// Counts a round that drafted `k` tokens (k > 0) and kept `accepted` of them: positions
@@ -171,9 +181,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     }
 
     /// Judges the block against the target's rows, keeps the verdict's tokens (up to a stop),
-    /// rolls both models back to the accepted prefix and updates the acceptance estimate.
-    /// Returns the round's (drafted, accepted).
-    pub fn judge(&mut self, logits: &Logits, secs: f64) -> Result<(usize, usize)> {
+    /// rolls both models back to the accepted prefix and updates the acceptance estimate (a
+    /// round without drafts relaxes it toward `prior`). Returns the round's (drafted, accepted).
+    pub fn judge(&mut self, logits: &Logits, secs: f64, prior: f64) -> Result<(usize, usize)> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
         let (k, vocab) = (self.drafted.len(), self.target.vocab_size());
@@ -194,6 +204,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         let accepted = verdict.accepted;
         if k > 0 {
             self.acceptance.observe(k, accepted);
+        } else {
+            self.acceptance.relax(prior);
         }
         self.target.truncate(n + verdict.accepted)?;
         if self.draft.context_len() > n + verdict.accepted {
