@@ -365,17 +365,13 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         Ok((ks, predicted))
     }
 
-    /// Measures what the costs lack: T(m) on the first sequence's target, D(b) on the
-    /// sequences' drafts (see [`BatchCosts::measure`] and [`BatchCosts::measure_draft`]).
+    /// Measures T(m) on the first sequence's target when the costs lack it (see
+    /// [`BatchCosts::measure`]). Draft costs are learned from the draft calls themselves.
     fn calibrate(&mut self) -> Result<()> {
         let Some(s) = self.seqs.first_mut() else { return Ok(()) };
-        let token = s.ctx[s.ctx.len() - 1];
         if !self.costs.has_target(1) {
+            let token = s.ctx[s.ctx.len() - 1];
             self.costs.merge(BatchCosts::measure(&mut s.target, token, MAX_ROWS)?);
-        }
-        if !self.costs.has_draft(self.seqs.len()) {
-            let mut drafts: Vec<&mut D> = self.seqs.iter_mut().map(|s| &mut s.draft).collect();
-            self.costs.measure_draft(&mut drafts, token)?;
         }
         Ok(())
     }

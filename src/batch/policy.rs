@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, TargetModel};
+use crate::model::TargetModel;
 use crate::stats::expected_tokens_per_call;
 
 /// How a [`BatchDecoder`](super::BatchDecoder) chooses each sequence's k.
@@ -150,38 +150,6 @@ impl BatchCosts {
         Ok(costs)
     }
 
-    /// Measures D(b) on the first b of `drafts` for b = 1 and all of them: batched calls
-    /// proposing after `token`, each draft rolled back after each. A first call over all of
-    /// them warms their buffers up and is not kept; each size keeps the faster of two calls.
-    ///
-    /// # Errors
-    /// A failed roll-back.
-    pub fn measure_draft<D: BatchDraft>(&mut self, drafts: &mut [&mut D], token: u32) -> Result<()> {
-        let n = drafts.len();
-        let lens: Vec<usize> = drafts.iter().map(|d| d.context_len()).collect();
-        let mut time = |b: usize| -> Result<Option<f64>> {
-            let start = Instant::now();
-            let proposed = D::propose_batch(&mut drafts[..b], &vec![&[token][..]; b]);
-            let secs = start.elapsed().as_secs_f64();
-            for (d, &len) in drafts.iter_mut().zip(&lens) {
-                if d.context_len() > len {
-                    d.truncate(len)?;
-                }
-            }
-            Ok(proposed.ok().map(|_| secs))
-        };
-        if n == 0 || time(n)?.is_none() {
-            return Ok(());
-        }
-        for b in if n > 1 { vec![1, n] } else { vec![1] } {
-            let (first, second) = (time(b)?, time(b)?);
-            if let Some(secs) = first.into_iter().chain(second).reduce(f64::min) {
-                self.observe_draft(b, secs);
-            }
-        }
-        Ok(())
-    }
-
     /// Takes over every size `other` measured that this lacks.
     pub fn merge(&mut self, other: BatchCosts) {
         for (mine, theirs) in [(&mut self.target, other.target), (&mut self.draft, other.draft)] {
@@ -231,13 +199,15 @@ impl BatchCosts {
         estimate(&self.target, rows).map(|t| t * self.target_level)
     }
 
-    /// D(b): the seconds of a draft call over `rows` rows (0 before any measurement, so that
-    /// the policy tries drafting once and learns what it costs).
+    /// D(b): the seconds of a draft call over `rows` rows. Before any draft call was measured,
+    /// half a target pass over as many rows (a small model's draft, roughly; the first steps
+    /// that draft measure the real cost, and no calibration calls are spent on a draft the
+    /// policy would not use anyway).
     pub fn draft_secs(&self, rows: usize) -> f64 {
         if rows == 0 {
             return 0.0;
         }
-        estimate(&self.draft, rows).unwrap_or(0.0)
+        estimate(&self.draft, rows).or_else(|| Some(0.5 * self.target_secs(rows)?)).unwrap_or(0.0)
     }
 
     /// Records a step's measured tokens per second (catch-up and calibration left out) against
@@ -401,6 +371,10 @@ mod tests {
         assert!((slow.target_secs(64).unwrap_or(0.0) - 0.32).abs() < 1e-6);
         assert_eq!(BatchCosts::default().target_secs(3), None);
         assert_eq!(BatchCosts::default().draft_secs(3), 0.0);
+        // Before a draft call is measured, half a target pass.
+        let mut fresh = BatchCosts::default();
+        fresh.observe_target(4, 0.010);
+        assert!((fresh.draft_secs(4) - 0.005).abs() < 1e-12);
     }
 
     #[test]
