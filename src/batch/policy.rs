@@ -79,9 +79,10 @@ pub struct Candidate {
     pub remaining: usize,
 }
 
-/// How much faster than plain steps drafting must be predicted to be: the T(m) curve moves with
-/// the machine's load (a memory-bound pass slows more than a compute-bound one when neighbours
-/// share the memory), so smaller predicted gains are as likely losses.
+/// How much faster than plain steps drafting must be predicted to be before drafts that must
+/// catch up start: the T(m) curve moves with the machine's load (a memory-bound pass slows
+/// more than a compute-bound one when neighbours share the memory), so smaller predicted gains
+/// are as likely losses, and the catch-up is spent either way.
 const MARGIN: f64 = 0.1;
 
 /// The most steps over which a catch-up is expected to pay back.
@@ -199,15 +200,23 @@ impl BatchCosts {
         estimate(&self.target, rows).map(|t| t * self.target_level)
     }
 
-    /// D(b): the seconds of a draft call over `rows` rows. Before any draft call was measured,
-    /// half a target pass over as many rows (a small model's draft, roughly; the first steps
-    /// that draft measure the real cost, and no calibration calls are spent on a draft the
-    /// policy would not use anyway).
+    /// D(b): the seconds of a draft call over `rows` rows: the line through the measured
+    /// sizes once there are two. Before that, a draft is taken to stream its weights in half
+    /// the target's one-row time (or as measured at the one size) and to cost as much as the
+    /// target for each further row (a self-draft's compute per row is the target's), so that
+    /// neither a first guess nor one measured point makes a long catch-up look cheap.
     pub fn draft_secs(&self, rows: usize) -> f64 {
         if rows == 0 {
             return 0.0;
         }
-        estimate(&self.draft, rows).or_else(|| Some(0.5 * self.target_secs(rows)?)).unwrap_or(0.0)
+        let mut measured = self.draft.iter().enumerate().filter_map(|(b, v)| v.map(|v| (b, v)));
+        let (first, second) = (measured.next(), measured.next());
+        if second.is_some() {
+            return estimate(&self.draft, rows).unwrap_or(0.0);
+        }
+        let t = |m: usize| self.target_secs(m).unwrap_or(0.0);
+        let (at, secs) = first.unwrap_or((1, 0.5 * t(1)));
+        (secs + t(rows) - t(at)).max(0.0)
     }
 
     /// Records a step's measured tokens per second (catch-up and calibration left out) against
@@ -266,7 +275,7 @@ impl BatchCosts {
     /// The k of each sequence (at most its limit) with the highest predicted throughput: the
     /// best common k, then, one sequence at a time (the most accepting first, then back from
     /// the least), the best k for it with the others held; plain steps (all zeros) unless that
-    /// beats them by 10 %, and before T is measured.
+    /// beats them (by 10 % where drafts must catch up first), and before T is measured.
     pub fn choose(&self, seqs: &[Candidate]) -> Vec<usize> {
         let max = seqs.iter().map(|s| s.limit).max().unwrap_or(0);
         let score = |ks: &[usize]| self.throughput(seqs, ks).unwrap_or(0.0);
@@ -290,9 +299,12 @@ impl BatchCosts {
                 }
             }
         }
-        // A predicted gain within the estimates' error is not worth the drafting it starts.
+        // A predicted gain within the estimates' error is not worth starting drafts that must
+        // catch up first; drafts already in step keep drafting while it is predicted to pay.
         let plain = common(0);
-        if score(&best) < (1.0 + MARGIN) * score(&plain) {
+        let starts = seqs.iter().zip(&best).any(|(s, &k)| k > 0 && s.behind > 0);
+        let margin = if starts { MARGIN } else { 0.0 };
+        if score(&best) <= (1.0 + margin) * score(&plain) {
             return plain;
         }
         best
@@ -371,10 +383,15 @@ mod tests {
         assert!((slow.target_secs(64).unwrap_or(0.0) - 0.32).abs() < 1e-6);
         assert_eq!(BatchCosts::default().target_secs(3), None);
         assert_eq!(BatchCosts::default().draft_secs(3), 0.0);
-        // Before a draft call is measured, half a target pass.
+        // Before two draft sizes are measured: half the target's one-row time, plus what the
+        // target adds per row.
         let mut fresh = BatchCosts::default();
-        fresh.observe_target(4, 0.010);
-        assert!((fresh.draft_secs(4) - 0.005).abs() < 1e-12);
+        fresh.observe_target(1, 0.010);
+        fresh.observe_target(8, 0.020);
+        assert!((fresh.draft_secs(1) - 0.005).abs() < 1e-12);
+        assert!((fresh.draft_secs(8) - 0.015).abs() < 1e-12);
+        fresh.observe_draft(2, 0.004);
+        assert!((fresh.draft_secs(8) - (0.004 + 0.020 - 0.010 - 0.010 / 7.0)).abs() < 1e-9);
     }
 
     #[test]

@@ -328,6 +328,14 @@ impl Part<'_> {
 /// Each part's logits, and the hidden states the taps asked for over all rows.
 type PassOutput = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
+/// The rotary angles of each row for one kind of layer, and the first cache position each row
+/// sees.
+struct Rotation {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    first: Vec<usize>,
+}
+
 impl NativeWeights {
     /// One sequence's chain or tree, through [`run`](Self::run).
     #[allow(clippy::too_many_arguments)]
@@ -363,95 +371,121 @@ impl NativeWeights {
         // Each row's part and its index in the part.
         let owner: Vec<(usize, usize)> =
             parts.iter().enumerate().flat_map(|(p, part)| (0..part.tokens.len()).map(move |i| (p, i))).collect();
-        let n = owner.len();
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let (q_out, kv_out, ff) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
-        let shape = Shape { heads: c.num_heads, kv_heads: c.num_kv_heads, head_dim: hd };
-        let eps = c.rms_norm_eps as f32;
         s.x.clear();
         for &t in parts.iter().flat_map(|p| p.tokens) {
             self.embed.row_into(t as usize, &mut s.x);
         }
         if c.family.gemma() {
-            let scale = (h as f32).sqrt();
+            let scale = (c.hidden_size as f32).sqrt();
             s.x.iter_mut().for_each(|x| *x *= scale);
         }
-        let half = hd / 2;
+        let rotations = self.rotations(c, parts, &owner);
+        for (slot, &l) in layers.iter().enumerate() {
+            tap_residual(taps, slot, &s.x, &mut hidden);
+            let b = &self.blocks[l];
+            self.attention_block(c, b, slot, parts, &owner, &rotations[usize::from(b.sliding)], s);
+            self.feed_forward_block(c, b, owner.len(), s);
+        }
+        tap_residual(taps, layers.len(), &s.x, &mut hidden);
+        if let Some(k) = taps.iter().position(|&t| t == Tap::Final) {
+            hidden[k].resize(owner.len() * c.hidden_size, 0.0);
+            attention::rms_norm(&s.x, &self.norm, c.rms_norm_eps as f32, &mut hidden[k]);
+        }
+        Ok((self.logits(c, parts, s), hidden))
+    }
+
+    /// Per kind of layer (global, then sliding-window where the model has a window): each
+    /// row's rotation, and the first position it sees (its last `w`, itself included).
+    fn rotations(&self, c: &LlamaConfig, parts: &[Part], owner: &[(usize, usize)]) -> Vec<Rotation> {
+        let half = c.head_dim / 2;
         let positions: Vec<usize> = owner.iter().map(|&(p, i)| parts[p].position(i)).collect();
         let angles = |table: &[f32]| -> Vec<f32> {
             positions.iter().flat_map(|&at| &table[at * half..][..half]).copied().collect()
         };
-        // Per kind of layer (global, then sliding-window where the model has a window): each
-        // row's rotation, and the first position it sees (its last `w`, itself included).
-        let kinds: Vec<(Vec<f32>, Vec<f32>, Vec<usize>)> = (self.cos.iter().zip(&self.sin))
+        (self.cos.iter().zip(&self.sin))
             .zip([None, c.sliding_window])
-            .map(|((cos, sin), window)| {
-                let first = positions.iter().map(|&at| window.map_or(0, |w| (at + 1).saturating_sub(w))).collect();
-                (angles(cos), angles(sin), first)
+            .map(|((cos, sin), window)| Rotation {
+                cos: angles(cos),
+                sin: angles(sin),
+                first: positions.iter().map(|&at| window.map_or(0, |w| (at + 1).saturating_sub(w))).collect(),
             })
+            .collect()
+    }
+
+    /// `x += attention(norm(x))` for block `b` (cache layer `slot`): the fused q|k|v product,
+    /// each row's keys and values appended to its part's cache, attention per part, the output
+    /// product.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        c: &LlamaConfig,
+        b: &Block,
+        slot: usize,
+        parts: &mut [Part],
+        owner: &[(usize, usize)],
+        rot: &Rotation,
+        s: &mut Scratch,
+    ) {
+        let (n, h, hd) = (owner.len(), c.hidden_size, c.head_dim);
+        let (q_out, kv_out) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let eps = c.rms_norm_eps as f32;
+        s.xb.resize(n * h, 0.0);
+        attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
+        b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
+        if let Some(bias) = &b.qkv_bias {
+            s.qkv.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
+        }
+        // Split q|k|v rows, rotate q and k, append k and v to each part's cache.
+        s.q.clear();
+        s.k.clear();
+        for (row, &(p, i)) in s.qkv.chunks_exact(q_out + 2 * kv_out).zip(owner) {
+            let kv = &mut parts[p].cache[slot];
+            if i == 0 {
+                kv.values.truncate(parts[p].pos * kv_out);
+            }
+            s.q.extend_from_slice(&row[..q_out]);
+            s.k.extend_from_slice(&row[q_out..q_out + kv_out]);
+            kv.values.extend_from_slice(&row[q_out + kv_out..]);
+        }
+        if let Some([q_norm, k_norm]) = &b.qk_norm {
+            // Each head is one row of `head_dim` for the norm.
+            for (x, w) in [(&mut s.q, q_norm), (&mut s.k, k_norm)] {
+                s.tmp.resize(x.len(), 0.0);
+                attention::rms_norm(x, w, eps, &mut s.tmp);
+                std::mem::swap(x, &mut s.tmp);
+            }
+        }
+        attention::rope(&mut s.q, c.num_heads, hd, &rot.cos, &rot.sin);
+        attention::rope(&mut s.k, c.num_kv_heads, hd, &rot.cos, &rot.sin);
+        for (row, &(p, i)) in s.k.chunks_exact(kv_out).zip(owner) {
+            let (kv, at) = (&mut parts[p].cache[slot], parts[p].pos + i);
+            kv.keys.resize_with(c.num_kv_heads, Default::default);
+            for (h, blocks) in kv.keys.iter_mut().enumerate() {
+                attention::store_key(blocks, hd, at, &row[h * hd..(h + 1) * hd]);
+            }
+        }
+        let views: Vec<View> = parts
+            .iter()
+            .map(|p| View { keys: &p.cache[slot].keys, values: &p.cache[slot].values, pos: p.pos, tree: p.tree })
             .collect();
-        for (slot, &l) in layers.iter().enumerate() {
-            tap_residual(taps, slot, &s.x, &mut hidden);
-            let b = &self.blocks[l];
-            let (cos, sin, first) = &kinds[usize::from(b.sliding)];
-            s.xb.resize(n * h, 0.0);
-            attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
-            b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
-            if let Some(bias) = &b.qkv_bias {
-                s.qkv.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
-            }
-            // Split q|k|v rows, rotate q and k, append k and v to each part's cache.
-            s.q.clear();
-            s.k.clear();
-            for (row, &(p, i)) in s.qkv.chunks_exact(q_out + 2 * kv_out).zip(&owner) {
-                let kv = &mut parts[p].cache[slot];
-                if i == 0 {
-                    kv.values.truncate(parts[p].pos * kv_out);
-                }
-                s.q.extend_from_slice(&row[..q_out]);
-                s.k.extend_from_slice(&row[q_out..q_out + kv_out]);
-                kv.values.extend_from_slice(&row[q_out + kv_out..]);
-            }
-            if let Some([q_norm, k_norm]) = &b.qk_norm {
-                // Each head is one row of `head_dim` for the norm.
-                for (x, w) in [(&mut s.q, q_norm), (&mut s.k, k_norm)] {
-                    s.tmp.resize(x.len(), 0.0);
-                    attention::rms_norm(x, w, eps, &mut s.tmp);
-                    std::mem::swap(x, &mut s.tmp);
-                }
-            }
-            attention::rope(&mut s.q, c.num_heads, hd, cos, sin);
-            attention::rope(&mut s.k, c.num_kv_heads, hd, cos, sin);
-            for (row, &(p, i)) in s.k.chunks_exact(kv_out).zip(&owner) {
-                let (kv, at) = (&mut parts[p].cache[slot], parts[p].pos + i);
-                kv.keys.resize_with(c.num_kv_heads, Default::default);
-                for (h, blocks) in kv.keys.iter_mut().enumerate() {
-                    attention::store_key(blocks, hd, at, &row[h * hd..(h + 1) * hd]);
-                }
-            }
-            let views: Vec<View> = parts
-                .iter()
-                .map(|p| View { keys: &p.cache[slot].keys, values: &p.cache[slot].values, pos: p.pos, tree: p.tree })
-                .collect();
-            attend(shape, &s.q, &views, &owner, first, &mut s.att);
-            b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
-            add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[0][..]), eps, &mut s.xb);
-            attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
-            b.gate_up.apply(&s.xb, n, &mut s.gu, &mut s.acts);
-            s.ff.resize(n * ff, 0.0);
-            match c.family.gemma() {
-                true => attention::gelu_tanh_gate(&s.gu, ff, &mut s.ff),
-                false => attention::silu_gate(&s.gu, ff, &mut s.ff),
-            }
-            b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts);
-            add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[1][..]), eps, &mut s.xb);
+        let shape = Shape { heads: c.num_heads, kv_heads: c.num_kv_heads, head_dim: hd };
+        attend(shape, &s.q, &views, owner, &rot.first, &mut s.att);
+        b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
+        add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[0][..]), eps, &mut s.xb);
+    }
+
+    /// `x += down(act(gate(norm(x))) · up(norm(x)))` for block `b`, over `n` rows.
+    fn feed_forward_block(&self, c: &LlamaConfig, b: &Block, n: usize, s: &mut Scratch) {
+        let (ff, eps) = (c.intermediate_size, c.rms_norm_eps as f32);
+        attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
+        b.gate_up.apply(&s.xb, n, &mut s.gu, &mut s.acts);
+        s.ff.resize(n * ff, 0.0);
+        match c.family.gemma() {
+            true => attention::gelu_tanh_gate(&s.gu, ff, &mut s.ff),
+            false => attention::silu_gate(&s.gu, ff, &mut s.ff),
         }
-        tap_residual(taps, layers.len(), &s.x, &mut hidden);
-        if let Some(k) = taps.iter().position(|&t| t == Tap::Final) {
-            hidden[k].resize(n * h, 0.0);
-            attention::rms_norm(&s.x, &self.norm, eps, &mut hidden[k]);
-        }
-        Ok((self.logits(c, parts, s), hidden))
+        b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts);
+        add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[1][..]), eps, &mut s.xb);
     }
 
     /// The logits of each part's last `rows` rows of the final residual stream `s.x`, in one
