@@ -62,6 +62,14 @@ impl Stats {
         self.by_depth.iter().map(|&(reached, accepted)| ratio(accepted, reached)).collect()
     }
 
+    /// Counts a chain round that drafted `drafted` tokens and kept `accepted` of them.
+    pub(crate) fn record_round(&mut self, drafted: usize, accepted: usize) {
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.rejections += usize::from(accepted < drafted);
+        self.record_depths(drafted, accepted);
+    }
+
     /// Counts a round that drafted `depth` levels and accepted `accepted` tokens.
     pub(crate) fn record_depths(&mut self, depth: usize, accepted: usize) {
         let reached = (accepted + 1).min(depth);

@@ -6,6 +6,7 @@
 mod common;
 
 use candle_core::Device;
+use common::faulty::{Fault, Faulty};
 use common::models::{model_path, STORIES};
 use common::{assert_fits, assert_rejects, cell, exact_window, settings};
 use specdec::batch::{BatchDecoder, BatchPolicy, Request};
@@ -216,38 +217,6 @@ fn batch_power_a_sequence_sampling_the_draft_is_rejected() -> Result<()> {
     Ok(())
 }
 
-/// A toy target that fails its `fail_at`-th forward call.
-#[derive(Clone)]
-struct Failing {
-    inner: MarkovModel,
-    calls: usize,
-    fail_at: usize,
-}
-
-impl TargetModel for Failing {
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab()
-    }
-
-    fn context_len(&self) -> usize {
-        TargetModel::context_len(&self.inner)
-    }
-
-    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        self.calls += 1;
-        if self.calls == self.fail_at {
-            return Err(Error::setting("fault", "injected", "no failure"));
-        }
-        self.inner.forward(tokens, rows)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.inner, len)
-    }
-}
-
-impl specdec::BatchTarget for Failing {}
-
 #[test]
 fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()> {
     let (target, draft) = MarkovModel::pair(8, 0.3, 1);
@@ -274,12 +243,10 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
         let mut batch = BatchDecoder::new(BatchPolicy::Fixed(2))?;
         let mut errors = 0;
         for (i, p) in [[1u32, 2], [3, 4]].iter().enumerate() {
-            let t = Failing { inner: target.clone(), calls: 0, fail_at: if i == 1 { fail_at } else { 0 } };
-            batch.add(
-                Failing { inner: draft.clone(), calls: 0, fail_at: 0 },
-                t,
-                Request::new(p.to_vec()).max_new_tokens(15),
-            )?;
+            let fails =
+                |inner: &MarkovModel, at| Faulty { inner: inner.clone(), calls: 0, fail_at: at, fault: Fault::Fails };
+            let t = fails(&target, if i == 1 { fail_at } else { 0 });
+            batch.add(fails(&draft, 0), t, Request::new(p.to_vec()).max_new_tokens(15))?;
         }
         while batch.active() > 0 {
             match batch.step() {

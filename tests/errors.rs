@@ -1,58 +1,14 @@
 //! Bad input gets a typed error, never a panic, and a failed step leaves the decoder usable.
 
+mod common;
+
+use common::faulty::{Fault, Faulty};
 use specdec::draft::ChildPicker;
 use specdec::toy::MarkovModel;
 use specdec::{
-    DraftModel, DraftTree, Error, Logits, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel,
-    TreeBudget, TreePolicy,
+    DraftModel, DraftTree, Error, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, TreeBudget,
+    TreePolicy,
 };
-
-/// A toy target that misbehaves on its `fail_at`-th forward call.
-#[derive(Clone)]
-struct Faulty {
-    inner: MarkovModel,
-    calls: usize,
-    fail_at: usize,
-    fault: Fault,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    NanLogits,
-    InfLogits,
-    WrongRows,
-    Fails,
-}
-
-impl TargetModel for Faulty {
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab()
-    }
-
-    fn context_len(&self) -> usize {
-        TargetModel::context_len(&self.inner)
-    }
-
-    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        self.calls += 1;
-        let logits = self.inner.forward(tokens, rows)?;
-        if self.calls != self.fail_at {
-            return Ok(logits);
-        }
-        let mut data = logits.as_slice().to_vec();
-        match self.fault {
-            Fault::NanLogits => data[0] = f32::NAN,
-            Fault::InfLogits => data[1] = f32::INFINITY,
-            Fault::WrongRows => data.extend(logits.row(0).to_vec()),
-            Fault::Fails => return Err(Error::setting("fault", "injected", "no failure")),
-        }
-        Logits::new(data, logits.vocab())
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.inner, len)
-    }
-}
 
 fn pair() -> (MarkovModel, MarkovModel) {
     MarkovModel::pair(8, 0.3, 1)

@@ -281,7 +281,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             s.new_block();
         }
         for j in 0..depth {
-            let active: Vec<usize> = (0..self.seqs.len()).filter(|&i| ks[i] > j && self.seqs[i].drafting).collect();
+            let drafts_now = |i: usize, s: &Sequence<D, T>| ks[i] > j && s.drafting;
+            let active: Vec<usize> = (0..self.seqs.len()).filter(|&i| drafts_now(i, &self.seqs[i])).collect();
             if active.is_empty() {
                 break;
             }
@@ -289,7 +290,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             let proposals = {
                 let mut drafts: Vec<&mut D> = Vec::with_capacity(active.len());
                 let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(active.len());
-                for (_, s) in self.seqs.iter_mut().enumerate().filter(|(i, _)| active.contains(i)) {
+                for (_, s) in self.seqs.iter_mut().enumerate().filter(|(i, s)| drafts_now(*i, s)) {
                     feeds.push(s.draft_feed()?);
                     drafts.push(&mut s.draft);
                 }

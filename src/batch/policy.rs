@@ -190,11 +190,6 @@ impl BatchCosts {
         self.target.get(rows).is_some_and(Option::is_some)
     }
 
-    /// True once a draft call over `rows` rows was measured.
-    pub fn has_draft(&self, rows: usize) -> bool {
-        self.draft.get(rows).is_some_and(Option::is_some)
-    }
-
     /// T(m): the seconds of a target pass of `rows` rows (`None` before any measurement).
     pub fn target_secs(&self, rows: usize) -> Option<f64> {
         estimate(&self.target, rows).map(|t| t * self.target_level)

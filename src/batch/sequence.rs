@@ -5,11 +5,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::{Finished, Request, SeqId};
-use crate::decoder::{check_prompt, pending, StopRule};
+use crate::decoder::{check_prompt, pending, roll_back, ChainBlock, StopRule};
 use crate::error::{Error, Result};
-use crate::kernel::{self, DraftRow, Verdict};
 use crate::model::{DraftModel, Logits, Proposal, TargetModel};
-use crate::sampling::{argmax, sample, SamplingConfig};
+use crate::sampling::SamplingConfig;
 use crate::stats::{FinishReason, Generation, Stats};
 
 /// How much of the last rounds' acceptance counts stays each round (older rounds fade).
@@ -67,10 +66,8 @@ pub(super) struct Sequence<D, T> {
     pub finish: Option<FinishReason>,
     /// How often its drafts are accepted.
     pub acceptance: Acceptance,
-    /// The block being drafted: tokens, whether each has a dense q row, the rows.
-    drafted: Vec<u32>,
-    dense: Vec<bool>,
-    q_rows: Vec<Vec<f32>>,
+    /// The block being drafted.
+    block: ChainBlock,
     /// False once the drafter has nothing more to propose this step.
     pub drafting: bool,
     /// The request's own k, if it has one.
@@ -109,9 +106,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             stop: r.stop,
             stats,
             acceptance: Acceptance::prior(prior),
-            drafted: Vec::new(),
-            dense: Vec::new(),
-            q_rows: Vec::new(),
+            block: ChainBlock::default(),
             drafting: true,
             fixed_k: r.k,
         })
@@ -129,14 +124,13 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 
     /// Starts a new block.
     pub fn new_block(&mut self) {
-        self.drafted.clear();
-        self.dense.clear();
+        self.block.clear();
         self.drafting = true;
     }
 
     /// What the draft is fed next: the tokens it has not seen, or the last drafted token.
     pub fn draft_feed(&self) -> Result<Vec<u32>> {
-        Ok(match self.drafted.last() {
+        Ok(match self.block.tokens().last() {
             Some(&t) => vec![t],
             None => pending(&self.ctx, self.draft.context_len(), "draft")?.to_vec(),
         })
@@ -145,38 +139,17 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// What the target scores: the pending token, then the drafts.
     pub fn target_feed(&self) -> Result<Vec<u32>> {
         let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
-        feed.extend_from_slice(&self.drafted);
+        feed.extend_from_slice(self.block.tokens());
         Ok(feed)
     }
 
-    /// Turns the draft's proposal into the block's next token (sampled from q, with the
-    /// sequence's own settings and generator, unless greedy or a point mass).
+    /// Turns the draft's proposal into the block's next token (see [`ChainBlock::push`]);
+    /// a draft that proposes nothing stops drafting for this step.
     pub fn take_proposal(&mut self, proposal: Proposal, secs: f64) -> Result<()> {
         self.stats.draft_calls += 1;
         self.stats.draft_secs += secs;
         let vocab = self.target.vocab_size();
-        let i = self.drafted.len();
-        self.q_rows.resize_with(self.q_rows.len().max(i + 1), Vec::new);
-        let (token, dense) = match proposal {
-            Proposal::Nothing => {
-                self.drafting = false;
-                return Ok(());
-            }
-            Proposal::Token(t) => (t, false),
-            Proposal::Logits(row) if row.len() != vocab => {
-                return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() })
-            }
-            Proposal::Logits(row) if self.sampling.is_greedy() => (argmax(&row)?, false),
-            Proposal::Logits(row) => {
-                self.sampling.probs(&row, &mut self.q_rows[i])?;
-                (sample(&self.q_rows[i], &mut self.rng)?, true)
-            }
-        };
-        if token as usize >= vocab {
-            return Err(Error::TokenOutOfRange { token, vocab });
-        }
-        self.drafted.push(token);
-        self.dense.push(dense);
+        self.drafting = self.block.push(proposal, &self.sampling, vocab, &mut self.rng)?;
         Ok(())
     }
 
@@ -186,30 +159,18 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     pub fn judge(&mut self, logits: &Logits, secs: f64, prior: f64) -> Result<(usize, usize)> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
-        let (k, vocab) = (self.drafted.len(), self.target.vocab_size());
-        if logits.rows() != k + 1 || logits.vocab() != vocab {
-            return Err(Error::BadModelOutput {
-                model: "target",
-                what: "logits rows",
-                expected: k + 1,
-                got: logits.rows(),
-            });
-        }
-        let verdict = self.verdict(logits)?;
-        let n = self.ctx.len();
-        self.stats.drafted += k;
-        self.stats.accepted += verdict.accepted;
-        self.stats.rejections += usize::from(verdict.accepted < k);
-        self.stats.record_depths(k, verdict.accepted);
-        let accepted = verdict.accepted;
+        let (k, vocab) = (self.block.tokens().len(), self.target.vocab_size());
+        let verdict = self.block.judge(logits, &self.sampling, vocab, &mut self.rng)?;
+        let (n, accepted) = (self.ctx.len(), verdict.accepted);
+        self.stats.record_round(k, accepted);
         if k > 0 {
             self.acceptance.observe(k, accepted);
         } else {
             self.acceptance.relax(prior);
         }
-        self.target.truncate(n + verdict.accepted)?;
-        if self.draft.context_len() > n + verdict.accepted {
-            self.draft.truncate(n + verdict.accepted)?;
+        self.target.truncate(n + accepted)?;
+        if self.draft.context_len() > n + accepted {
+            self.draft.truncate(n + accepted)?;
         }
         for t in verdict.tokens {
             self.ctx.push(t);
@@ -222,23 +183,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         Ok((k, accepted))
     }
 
-    fn verdict(&mut self, logits: &Logits) -> Result<Verdict> {
-        if self.sampling.is_greedy() {
-            return kernel::verify_greedy(&self.drafted, |i| argmax(logits.row(i)));
-        }
-        let q: Vec<DraftRow> = (self.dense.iter().zip(&self.q_rows))
-            .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })
-            .collect();
-        let sampling = &self.sampling;
-        kernel::verify_block(&self.drafted, &q, |i, buf| sampling.probs(logits.row(i), buf), &mut self.rng)
-    }
-
     /// After a failure, rolls both models back to the tokens kept so far; false if that fails.
     pub fn resync(&mut self) -> bool {
-        let keep = self.ctx.len() - 1;
-        let target_ok = self.target.context_len() <= keep || self.target.truncate(keep).is_ok();
-        let draft_ok = self.draft.context_len() <= keep || self.draft.truncate(keep).is_ok();
-        target_ok && draft_ok && self.target.context_len() == keep
+        roll_back(self.ctx.len() - 1, &mut self.draft, &mut self.target)
     }
 
     pub fn into_finished(self) -> Finished<D, T> {

@@ -6,14 +6,17 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+mod block;
 mod tree;
+
+pub(crate) use block::ChainBlock;
 
 use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 use crate::draft::TreeBudget;
 use crate::error::{Error, Result};
-use crate::kernel::{self, DraftRow, Verdict};
-use crate::model::{DraftModel, Proposal, TargetModel};
-use crate::sampling::{argmax, sample, SamplingConfig};
+use crate::kernel::Verdict;
+use crate::model::{DraftModel, TargetModel};
+use crate::sampling::SamplingConfig;
 use crate::stats::{FinishReason, Generation, Stats};
 
 /// When a generation ends: after `max_new_tokens`, or right after any of `stop_tokens`.
@@ -163,7 +166,7 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             finish: None,
             stats: Stats::default(),
             ready: false,
-            q_rows: Vec::new(),
+            block: ChainBlock::default(),
         })
     }
 }
@@ -195,7 +198,7 @@ pub struct SpeculativeDecoder<D, T> {
     finish: Option<FinishReason>,
     stats: Stats,
     ready: bool,
-    q_rows: Vec<Vec<f32>>,
+    block: ChainBlock,
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
@@ -380,20 +383,18 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             self.catch_up_draft()?;
         }
         let before = (self.stats.draft_calls, self.stats.draft_secs, self.stats.target_secs);
-        let (drafted, dense) = self.draft_block(k)?;
-        let verdict = self.verify(&drafted, &dense)?;
+        self.draft_block(k)?;
+        let verdict = self.verify()?;
+        let drafted = self.block.tokens().len();
         self.k.observe(&RoundReport {
-            drafted: drafted.len(),
+            drafted,
             accepted: verdict.accepted,
             draft_calls: self.stats.draft_calls - before.0,
             draft_secs: self.stats.draft_secs - before.1,
-            target_rows: drafted.len() + 1,
+            target_rows: drafted + 1,
             target_secs: self.stats.target_secs - before.2,
         });
-        self.stats.drafted += drafted.len();
-        self.stats.accepted += verdict.accepted;
-        self.stats.rejections += usize::from(verdict.accepted < drafted.len());
-        self.stats.record_depths(drafted.len(), verdict.accepted);
+        self.stats.record_round(drafted, verdict.accepted);
         // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
         self.target.truncate(n + verdict.accepted)?;
         if self.draft.context_len() > n + verdict.accepted {
@@ -417,76 +418,45 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         Ok(())
     }
 
-    /// Drafts up to `k` tokens. Returns them and, per token, whether its `q` row is in `q_rows`
-    /// (a sampled dense proposal) rather than a point mass.
-    fn draft_block(&mut self, k: usize) -> Result<(Vec<u32>, Vec<bool>)> {
+    /// Drafts up to `k` tokens into `self.block`.
+    fn draft_block(&mut self, k: usize) -> Result<()> {
         let vocab = self.target.vocab_size();
-        let (mut drafted, mut dense) = (Vec::with_capacity(k), Vec::with_capacity(k));
-        self.q_rows.resize_with(k.max(self.q_rows.len()), Vec::new);
-        for i in 0..k {
-            let feed = match drafted.last() {
+        self.block.clear();
+        for _ in 0..k {
+            let feed = match self.block.tokens().last() {
                 Some(t) => std::slice::from_ref(t),
                 None => pending(&self.ctx, self.draft.context_len(), "draft")?,
             };
             let draft = &mut self.draft;
             let proposal = timed(&mut self.stats.draft_secs, || draft.propose(feed))?;
             self.stats.draft_calls += 1;
-            let (token, is_dense) = match proposal {
-                Proposal::Nothing => break,
-                Proposal::Token(t) => (t, false),
-                Proposal::Logits(row) if row.len() != vocab => {
-                    return Err(Error::BadModelOutput {
-                        model: "draft",
-                        what: "logits",
-                        expected: vocab,
-                        got: row.len(),
-                    });
-                }
-                Proposal::Logits(row) if self.sampling.is_greedy() => (argmax(&row)?, false),
-                Proposal::Logits(row) => {
-                    self.sampling.probs(&row, &mut self.q_rows[i])?;
-                    (sample(&self.q_rows[i], &mut self.rng)?, true)
-                }
-            };
-            if token as usize >= vocab {
-                return Err(Error::TokenOutOfRange { token, vocab });
+            if !self.block.push(proposal, &self.sampling, vocab, &mut self.rng)? {
+                break;
             }
-            drafted.push(token);
-            dense.push(is_dense);
         }
-        Ok((drafted, dense))
+        Ok(())
     }
 
     /// Scores the pending token and the drafts in one target call and judges them.
-    fn verify(&mut self, drafted: &[u32], dense: &[bool]) -> Result<Verdict> {
+    fn verify(&mut self) -> Result<Verdict> {
         let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
-        feed.extend_from_slice(drafted);
+        feed.extend_from_slice(self.block.tokens());
         let target = &mut self.target;
         let logits = timed(&mut self.stats.target_secs, || target.forward(&feed, feed.len()))?;
         self.stats.target_calls += 1;
-        let vocab = self.target.vocab_size();
-        if logits.rows() != drafted.len() + 1 || logits.vocab() != vocab {
-            let (expected, got) =
-                if logits.vocab() != vocab { (vocab, logits.vocab()) } else { (drafted.len() + 1, logits.rows()) };
-            return Err(Error::BadModelOutput { model: "target", what: "logits rows or row length", expected, got });
-        }
-        if self.sampling.is_greedy() {
-            return kernel::verify_greedy(drafted, |i| argmax(logits.row(i)));
-        }
-        let q: Vec<DraftRow> = dense
-            .iter()
-            .zip(&self.q_rows)
-            .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })
-            .collect();
-        let sampling = &self.sampling;
-        kernel::verify_block(drafted, &q, |i, buf| sampling.probs(logits.row(i), buf), &mut self.rng)
+        self.block.judge(&logits, &self.sampling, self.target.vocab_size(), &mut self.rng)
     }
 
     /// After a failure, rolls both models back to the tokens kept so far.
     fn resync(&mut self) {
-        let keep = self.ctx.len() - 1;
-        let target_ok = self.target.context_len() <= keep || self.target.truncate(keep).is_ok();
-        let draft_ok = self.draft.context_len() <= keep || self.draft.truncate(keep).is_ok();
-        self.ready = target_ok && draft_ok && self.target.context_len() == keep;
+        self.ready = roll_back(self.ctx.len() - 1, &mut self.draft, &mut self.target);
     }
+}
+
+/// After a failed round, rolls both models back to `keep` tokens (the context but its pending
+/// last token). True when they hold exactly that, so that the next round can run.
+pub(crate) fn roll_back<D: DraftModel, T: TargetModel>(keep: usize, draft: &mut D, target: &mut T) -> bool {
+    let target_ok = TargetModel::context_len(target) <= keep || TargetModel::truncate(target, keep).is_ok();
+    let draft_ok = draft.context_len() <= keep || draft.truncate(keep).is_ok();
+    target_ok && draft_ok && TargetModel::context_len(target) == keep
 }

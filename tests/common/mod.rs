@@ -162,6 +162,7 @@ pub fn check_windows<D: DraftModel, T: TargetModel>(
     Ok(total)
 }
 
+pub mod faulty;
 pub mod heads;
 pub mod models;
 

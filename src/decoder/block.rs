@@ -1,0 +1,87 @@
+//! A drafted chain block: its tokens and, for sampled drafts, the q rows they were drawn from;
+//! how a draft's proposal becomes the block's next token, and how the target's rows judge the
+//! block. The single-sequence and the batch decoders share it.
+
+use rand::Rng;
+
+use crate::error::{Error, Result};
+use crate::kernel::{self, DraftRow, Verdict};
+use crate::model::{Logits, Proposal};
+use crate::sampling::{argmax, sample, SamplingConfig};
+
+#[derive(Debug, Default)]
+pub(crate) struct ChainBlock {
+    tokens: Vec<u32>,
+    /// Per token: its q row is `q_rows[i]` (a sampled dense proposal), not a point mass.
+    dense: Vec<bool>,
+    /// Reused from block to block.
+    q_rows: Vec<Vec<f32>>,
+}
+
+impl ChainBlock {
+    /// Empties the block for the next round.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.dense.clear();
+    }
+
+    /// The drafted tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Turns the draft's proposal into the block's next token: sampled from q with `sampling`
+    /// and `rng`, unless greedy or a point mass. False when the draft proposed nothing.
+    pub fn push<R: Rng + ?Sized>(
+        &mut self,
+        proposal: Proposal,
+        sampling: &SamplingConfig,
+        vocab: usize,
+        rng: &mut R,
+    ) -> Result<bool> {
+        let i = self.tokens.len();
+        self.q_rows.resize_with(self.q_rows.len().max(i + 1), Vec::new);
+        let (token, dense) = match proposal {
+            Proposal::Nothing => return Ok(false),
+            Proposal::Token(t) => (t, false),
+            Proposal::Logits(row) if row.len() != vocab => {
+                return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
+            }
+            Proposal::Logits(row) if sampling.is_greedy() => (argmax(&row)?, false),
+            Proposal::Logits(row) => {
+                sampling.probs(&row, &mut self.q_rows[i])?;
+                (sample(&self.q_rows[i], rng)?, true)
+            }
+        };
+        if token as usize >= vocab {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        self.tokens.push(token);
+        self.dense.push(dense);
+        Ok(true)
+    }
+
+    /// Judges the block against the target's rows for the pending token and each draft (one
+    /// more row than drafts), with the same settings the drafts were sampled with.
+    pub fn judge<R: Rng + ?Sized>(
+        &self,
+        logits: &Logits,
+        sampling: &SamplingConfig,
+        vocab: usize,
+        rng: &mut R,
+    ) -> Result<Verdict> {
+        let k = self.tokens.len();
+        if logits.rows() != k + 1 || logits.vocab() != vocab {
+            let (expected, got) =
+                if logits.vocab() != vocab { (vocab, logits.vocab()) } else { (k + 1, logits.rows()) };
+            return Err(Error::BadModelOutput { model: "target", what: "logits rows or row length", expected, got });
+        }
+        if sampling.is_greedy() {
+            return kernel::verify_greedy(&self.tokens, |i| argmax(logits.row(i)));
+        }
+        let q: Vec<DraftRow> = (self.dense.iter().zip(&self.q_rows))
+            .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })
+            .collect();
+        kernel::verify_block(&self.tokens, &q, |i, buf| sampling.probs(logits.row(i), buf), rng)
+    }
+}
