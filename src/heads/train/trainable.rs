@@ -5,6 +5,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Init, VarBuilder, VarMap};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 
 use crate::error::{Error, Result};
 use crate::heads::config::{HeadConfig, HeadFiles};
@@ -42,10 +44,17 @@ impl std::fmt::Debug for Trainable {
     }
 }
 
-fn uniform(fan_in: usize) -> Init {
-    let bound = (1.0 / fan_in as f64).sqrt();
-    Init::Uniform { lo: -bound, up: bound }
+/// A (rows, cols) matrix drawn uniformly from ±1/√cols (the usual initialization), from
+/// `rng`: seeded, so that a head trained twice on the same data comes out the same (candle's
+/// own random initialization cannot be seeded on the CPU).
+fn uniform(rows: usize, cols: usize, rng: &mut StdRng) -> Result<Tensor> {
+    let bound = (1.0 / cols as f32).sqrt();
+    let values: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-bound..bound)).collect();
+    Ok(Tensor::from_vec(values, (rows, cols), &Device::Cpu)?)
 }
+
+/// The seed of every head's initialization.
+const INIT_SEED: u64 = 17;
 
 impl Trainable {
     /// A fresh head of `kind` for `target`. EAGLE-3 heads get `vocab` as their draft
@@ -75,7 +84,9 @@ impl Trainable {
         let offsets: Vec<i64> = vocab.tokens().iter().enumerate().map(|(i, &t)| i64::from(t) - i as i64).collect();
         let d2t = Tensor::new(&offsets[..], &Device::Cpu)?;
         let (q, kv) = (t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim);
-        let layer = |prefix: &str, attn_in: usize| -> Result<()> {
+        // The matrices that start random, drawn after the others from one seeded generator.
+        let mut random: Vec<(String, usize, usize)> = Vec::new();
+        let layer = |prefix: &str, attn_in: usize, random: &mut Vec<(String, usize, usize)>| -> Result<()> {
             let shapes = [
                 ("self_attn.q_proj", q, attn_in),
                 ("self_attn.k_proj", kv, attn_in),
@@ -85,20 +96,18 @@ impl Trainable {
                 ("mlp.up_proj", ff, h),
                 ("mlp.down_proj", h, ff),
             ];
-            for (name, out, inp) in shapes {
-                vb.get_with_hints((out, inp), &format!("{prefix}.{name}.weight"), uniform(inp))?;
-            }
+            random.extend(shapes.map(|(name, out, inp)| (format!("{prefix}.{name}.weight"), out, inp)));
             vb.get_with_hints(h, &format!("{prefix}.post_attention_layernorm.weight"), Init::Const(1.0))?;
             Ok(())
         };
         match kind {
             HeadKind::Eagle(EagleVersion::One) => {
-                vb.get_with_hints((h, 2 * h), "fc.weight", uniform(2 * h))?;
-                layer("layers.0", h)?;
+                random.push(("fc.weight".into(), h, 2 * h));
+                layer("layers.0", h, &mut random)?;
             }
             HeadKind::Eagle(EagleVersion::Three) => {
-                vb.get_with_hints((h, 3 * h), "fc.weight", uniform(3 * h))?;
-                layer("midlayer", 2 * h)?;
+                random.push(("fc.weight".into(), h, 3 * h));
+                layer("midlayer", 2 * h, &mut random)?;
                 for n in ["midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "norm.weight"] {
                     vb.get_with_hints(h, n, Init::Const(1.0))?;
                 }
@@ -121,6 +130,11 @@ impl Trainable {
                 config.medusa_num_heads = Some(count);
                 config.medusa_num_layers = Some(1);
             }
+        }
+        let mut rng = StdRng::seed_from_u64(INIT_SEED);
+        for (name, rows, cols) in random {
+            vb.get_with_hints((rows, cols), &name, Init::Const(0.0))?;
+            vars.set_one(&name, &uniform(rows, cols, &mut rng)?)?;
         }
         Ok(Self { kind, config, vars, fixed, d2t })
     }
