@@ -166,11 +166,16 @@ impl Tokenizer {
     }
 }
 
-/// The system prompt a ChatML template inserts when the conversation has none.
+/// The system prompt a ChatML template inserts when the conversation has none: the first
+/// `<|im_start|>system` turn written out as literal text (Qwen's templates open that turn in
+/// template code first, with the text elsewhere).
 fn default_system_prompt(template: &str) -> Option<String> {
-    let start = template.find("<|im_start|>system\n")? + "<|im_start|>system\n".len();
-    let len = template[start..].find("<|im_end|>")?;
-    Some(template[start..start + len].to_string())
+    const OPEN: &str = "<|im_start|>system\n";
+    template.match_indices(OPEN).find_map(|(at, _)| {
+        let rest = &template[at + OPEN.len()..];
+        let text = &rest[..rest.find("<|im_end|>")?];
+        (!text.is_empty() && !text.contains(['\'', '"', '{', '}'])).then(|| text.to_string())
+    })
 }
 
 /// Added-token entries for control (3) and user-defined (4) tokens.
@@ -202,24 +207,33 @@ fn bos_processor(tokens: &[String], bos: Option<u32>) -> Json {
 /// GPT-2 byte-level BPE as an HF `tokenizer.json` document.
 fn gpt2_json(tokens: &[String], types: &[i64], merges: Vec<String>, pre: &str, bos: Option<u32>) -> Result<Json> {
     const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    // Qwen2's split is Llama 3's with single digits.
+    const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false}, byte_level(false)]})
+    };
     let pre_tokenizer = match pre {
         "default" | "gpt2" | "gpt-2" => byte_level(true),
         "smollm" | "starcoder" | "refact" => {
             json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]})
         }
-        "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": false}, byte_level(false)]}),
+        "llama-bpe" | "llama3" => split(LLAMA3_SPLIT),
+        "qwen2" | "deepseek-r1-qwen" => split(QWEN2_SPLIT),
         other => {
             return Err(Error::Tokenizer(format!(
-                "GGUF pre-tokenizer `{other}` is not supported (gpt2, smollm, llama-bpe)"
+                "GGUF pre-tokenizer `{other}` is not supported (gpt2, smollm, llama-bpe, qwen2)"
             )))
         }
     };
+    // Qwen2's own tokenizer.json composes text (NFC) before splitting; llama.cpp does not, so the
+    // two differ only on decomposed input, where we follow the model's trainers.
+    let normalizer = if matches!(pre, "qwen2" | "deepseek-r1-qwen") { json!({"type": "NFC"}) } else { Json::Null };
     Ok(json!({
         "version": "1.0", "truncation": null, "padding": null,
         "added_tokens": added_tokens(tokens, types),
-        "normalizer": null,
+        "normalizer": normalizer,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": bos_processor(tokens, bos),
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},

@@ -10,7 +10,7 @@ pub enum WeightFormat {
     /// Dequantized to f32 (the exact target).
     F32,
     /// As stored in the file (quantized GGUF weights stay quantized; the native engine holds
-    /// block types it has no kernel for, such as Q6_K, as Q8_0).
+    /// block types it has no kernel for, such as Q3_K or IQ4_XS, as Q8_0).
     Stored,
     /// Re-quantized at load to this GGUF block type (a quantized self-draft).
     Quantized(GgmlDType),

@@ -36,7 +36,7 @@ pub enum Matrix {
 
 impl Matrix {
     /// Holds `parts`, (rows_i, cols) tensors stacked by rows (a fused q|k|v or gate|up
-    /// matrix), in `format`. Stored blocks of a type the kernels lack (Q6_K, Q5_K, …) are
+    /// matrix), in `format`. Stored blocks of a type the kernels lack (Q2_K, Q3_K, IQ…) are
     /// re-quantized to Q8_0, whose step is finer than theirs, rather than widened to f32 (four
     /// times the bytes per token). Parts that still cannot be held quantized (a row length
     /// that is not a whole number of blocks) make the whole matrix f32.
@@ -50,10 +50,14 @@ impl Matrix {
                 WeightFormat::Stored => Some(GgmlDType::Q8_0),
                 WeightFormat::Quantized(q) => Some(q),
             };
-            // Q4_K needs rows of whole 256-value super-blocks; narrower rows take Q4_1, its
-            // 32-value cousin (as llama.cpp falls back for such tensors).
-            let target =
-                target.map(|q| if q == GgmlDType::Q4K && !cols.is_multiple_of(256) { GgmlDType::Q4_1 } else { q });
+            // K-quants need rows of whole 256-value super-blocks; narrower rows take their
+            // 32-value cousins (as llama.cpp falls back for such tensors).
+            let target = target.map(|q| match q {
+                _ if cols.is_multiple_of(q.block_size()) => q,
+                GgmlDType::Q4K => GgmlDType::Q4_1,
+                GgmlDType::Q5K => GgmlDType::Q5_1,
+                _ => GgmlDType::Q8_0,
+            });
             loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols.is_multiple_of(q.block_size())) {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
                 Some(q) => {

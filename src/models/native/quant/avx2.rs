@@ -12,6 +12,9 @@
 //! 2 × 127 × 128 < 2^15. The `−128` is paid back in the offset term:
 //! `Σ d·dx·Σq·xq = Σ d·dx·Σs·xq + Σ 128·d·sx`.
 //!
+//! 5- and 6-bit codes (≤ 63) cannot saturate either: a pair is at most 2 × 63 × 127, and Q6_K's
+//! halves, with their own scales, are never added in i16.
+//!
 //! Registers: AVX2 has 16. A tile of 2 weight rows and up to 3 activation rows keeps 6
 //! accumulators, the 4 code registers of one weight row's chunk pair and its 2 scales live, with
 //! room for the temporaries.
@@ -98,14 +101,33 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
 ) {
     let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let four = w.bits == Bits::Four;
-    let row_bytes = if four { w.padded / 2 } else { w.padded };
+    let nibbles = w.bits != Bits::Eight;
+    let (six, hb) = (w.bits == Bits::Six, w.bits.high_bits());
+    let row_bytes = w.bits.row_bytes(w.padded);
+    let hi_row = w.hi_row_bytes();
+    // Scales per weight row: per 32 values, or per 16 for Six.
+    let n_scales = if six { 2 * nb } else { nb };
     let qs = w.qs.as_ptr().add(c0 * row_bytes);
-    let wd = w.d.as_ptr().add(c0 * nb);
+    let plane = w.hi.as_ptr().add(c0 * hi_row);
+    let wd = w.d.as_ptr().add(c0 * n_scales);
     let x = Rows { xq: a.xq.as_ptr().add(r0 * a.padded), dx: a.dx.as_ptr().add(r0 * nb), padded: a.padded, nb };
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); M]; R];
-    if four {
+    // Chunk p of weight row i: its codes (the nibbles with the high plane or'd in) into `acc_i`.
+    let chunk = |acc_i: &mut [__m256; M], mut codes: [__m256i; 2], i: usize, p: usize| {
+        if hb > 0 {
+            let h = high_bits(plane.add(i * hi_row + p * 8 * hb), hb);
+            codes = [_mm256_or_si256(codes[0], h[0]), _mm256_or_si256(codes[1], h[1])];
+        }
+        if six {
+            let s = wd.add(i * n_scales + 4 * p);
+            accumulate::<M, VNNI, false, true>(acc_i, codes, [scales(s), scales(s.add(2))], x, p);
+        } else {
+            let s = scales(wd.add(i * nb + 2 * p));
+            accumulate::<M, VNNI, false, false>(acc_i, codes, [s, s], x, p);
+        }
+    };
+    if nibbles {
         let mut p = 0;
         while p + 1 < chunks {
             for (i, acc_i) in acc.iter_mut().enumerate() {
@@ -117,8 +139,8 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
                 let lo = [_mm256_and_si256(v0, low), _mm256_and_si256(v1, low)];
                 let hi =
                     [_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low)];
-                accumulate::<M, VNNI, false>(acc_i, lo, scales(wd.add(i * nb + 2 * p)), x, p);
-                accumulate::<M, VNNI, false>(acc_i, hi, scales(wd.add(i * nb + 2 * p + 2)), x, p + 1);
+                chunk(acc_i, lo, i, p);
+                chunk(acc_i, hi, i, p + 1);
             }
             p += 2;
         }
@@ -127,7 +149,7 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 let v = _mm256_loadu_si256(qs.add(i * row_bytes + p * 32) as *const __m256i);
                 let codes = [_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)];
-                accumulate::<M, VNNI, false>(acc_i, codes, scales(wd.add(i * nb + 2 * p)), x, p);
+                chunk(acc_i, codes, i, p);
             }
         }
     } else {
@@ -138,21 +160,26 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
                 prefetch(at.wrapping_add(AHEAD * row_bytes));
                 let mut codes =
                     [_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i)];
+                let s = scales(wd.add(i * nb + 2 * p));
                 if VNNI {
-                    accumulate::<M, true, false>(acc_i, codes, scales(wd.add(i * nb + 2 * p)), x, p);
+                    accumulate::<M, true, false, false>(acc_i, codes, [s, s], x, p);
                 } else {
                     codes = [_mm256_xor_si256(codes[0], flip), _mm256_xor_si256(codes[1], flip)];
-                    accumulate::<M, false, true>(acc_i, codes, scales(wd.add(i * nb + 2 * p)), x, p);
+                    accumulate::<M, false, true, false>(acc_i, codes, [s, s], x, p);
                 }
             }
         }
     }
-    let signed = !four && !VNNI;
+    let signed = !nibbles && !VNNI;
     for (i, acc_i) in acc.iter().enumerate() {
         let c = c0 + i;
         for (r, v) in acc_i.iter().enumerate() {
             let sx = a.sx.as_ptr().add((r0 + r) * nb);
-            let mut offset = dot_f16(w.m.as_ptr().add(c * nb), sx, nb);
+            let mut offset = if six {
+                -32.0 * dot_f16(wd.add(i * n_scales), a.sx16.as_ptr().add((r0 + r) * n_scales), n_scales)
+            } else {
+                dot_f16(w.m.as_ptr().add(c * nb), sx, nb)
+            };
             if signed {
                 offset += 128.0 * dot_f16(w.d.as_ptr().add(c * nb), sx, nb);
             }
@@ -162,21 +189,39 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
 }
 
 /// Adds chunk `p` of one weight row (`codes`, two 32-byte halves; `scale` its two block
-/// scales) times each activation row into `acc`.
+/// scales for each half, the same unless `SPLIT`) times each activation row into `acc`.
 ///
 /// # Safety
 /// AVX2 (and AVX-VNNI when `VNNI`); `x` points at M rows holding chunk `p`.
 #[inline(always)]
-unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(
+unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool, const SPLIT: bool>(
     acc: &mut [__m256; M],
     codes: [__m256i; 2],
-    scale: __m256,
+    scale: [__m256; 2],
     x: Rows,
     p: usize,
 ) {
     for (r, a) in acc.iter_mut().enumerate() {
         let xp = x.xq.add(r * x.padded + p * CHUNK);
         let (x0, x1) = (_mm256_loadu_si256(xp as *const __m256i), _mm256_loadu_si256(xp.add(32) as *const __m256i));
+        let sx =
+            _mm256_castsi256_ps(_mm256_set1_epi64x(std::ptr::read_unaligned(x.dx.add(r * x.nb + 2 * p) as *const i64)));
+        if SPLIT {
+            // Per-16 scales (Q6_K): each half has its own. Codes ≤ 63 cannot saturate a pair.
+            let (d0, d1) = if VNNI {
+                let zero = _mm256_setzero_si256();
+                (_mm256_dpbusd_avx_epi32(zero, codes[0], x0), _mm256_dpbusd_avx_epi32(zero, codes[1], x1))
+            } else {
+                let ones = _mm256_set1_epi16(1);
+                (
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(codes[0], x0), ones),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(codes[1], x1), ones),
+                )
+            };
+            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(scale[0], sx), *a);
+            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(scale[1], sx), *a);
+            continue;
+        }
         let dot = if VNNI {
             _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes[0], x0), codes[1], x1)
         } else if SIGNED {
@@ -187,10 +232,26 @@ unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool>(
             let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], x0), _mm256_maddubs_epi16(codes[1], x1));
             _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
         };
-        let sx =
-            _mm256_castsi256_ps(_mm256_set1_epi64x(std::ptr::read_unaligned(x.dx.add(r * x.nb + 2 * p) as *const i64)));
-        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, sx), *a);
+        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[0], sx), *a);
     }
+}
+
+/// The high bits of a chunk's 5- or 6-bit codes at `p` (see [`Bits`]), shifted into bits 4..6
+/// of each byte, as the chunk's two 32-byte halves.
+///
+/// # Safety
+/// AVX2; `p` points at `8·hb` readable bytes; `hb` is 1 or 2.
+#[inline(always)]
+unsafe fn high_bits(p: *const u8, hb: usize) -> [__m256i; 2] {
+    // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k.
+    let (copies, shifts, mask) = if hb == 1 {
+        let v = _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64));
+        (v, [_mm256_setr_epi64x(0, 1, 2, 3), _mm256_setr_epi64x(4, 5, 6, 7)], 1)
+    } else {
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        (v, [_mm256_setr_epi64x(0, 0, 2, 2), _mm256_setr_epi64x(4, 4, 6, 6)], 3)
+    };
+    shifts.map(|s| _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(copies, s), _mm256_set1_epi8(mask)), 4))
 }
 
 /// Two f16 scales at `p` as `[s0, s1, s0, s1, …]`.

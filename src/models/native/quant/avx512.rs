@@ -64,6 +64,40 @@ unsafe fn pair_f16(p: *const u16) -> __m512 {
     _mm512_cvtph_ps(_mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)))
 }
 
+/// Four f16 scales `[s0, s1, s2, s3]` at `p` (a `Six` chunk's per-16 scales) as lanes
+/// `[s0, s1] × 4, [s2, s3] × 4`: the first 8 lanes of a `vpdpbusd` hold values 0..16 of the
+/// chunk's two blocks, the last 8 values 16..32.
+///
+/// # Safety
+/// AVX-512 F; `p` points at four readable `u16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn quad_f16(p: *const u16) -> __m512 {
+    let four = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
+    let lanes = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
+    _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(four))
+}
+
+/// The high bits of a chunk's 5- or 6-bit codes at `p` (see [`Bits`]), shifted into bits 4..6
+/// of each byte in the chunk's interleaved order.
+///
+/// # Safety
+/// AVX-512 F and BW; `p` points at `8·hb` readable bytes; `hb` is 1 or 2.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
+    // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k: shift each
+    // copy down by that much and keep the low hb bits of every byte.
+    let (copies, shifts, mask) = if hb == 1 {
+        (_mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), 1)
+    } else {
+        let v = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+        (v, _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6), 3)
+    };
+    let bits = _mm512_and_si512(_mm512_srlv_epi64(copies, shifts), _mm512_set1_epi8(mask));
+    _mm512_slli_epi16(bits, 4)
+}
+
 /// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
 ///
 /// # Safety
@@ -73,19 +107,32 @@ unsafe fn pair_f16(p: *const u16) -> __m512 {
 unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: OutPtr) {
     let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let four = w.bits == Bits::Four;
-    let row_bytes = if four { w.padded / 2 } else { w.padded };
+    let nibbles = w.bits != Bits::Eight;
+    let (six, hb) = (w.bits == Bits::Six, w.bits.high_bits());
+    let row_bytes = w.bits.row_bytes(w.padded);
+    let hi_row = w.hi_row_bytes();
+    // Scales per weight row: per 32 values, or per 16 for Six.
+    let scales = if six { 2 * nb } else { nb };
     let qs = w.qs.as_ptr().add(c0 * row_bytes);
-    let wd = w.d.as_ptr().add(c0 * nb);
+    let plane = w.hi.as_ptr().add(c0 * hi_row);
+    let wd = w.d.as_ptr().add(c0 * scales);
     let xq = a.xq.as_ptr().add(r0 * a.padded);
     let dx = a.dx.as_ptr().add(r0 * nb);
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [[_mm512_setzero_ps(); R]; M];
+    // The codes of chunk p of weight row i: the nibbles `v` with the high plane or'd in.
+    let with_high = |v: __m512i, i: usize, p: usize| {
+        if hb == 0 {
+            v
+        } else {
+            _mm512_or_si512(v, high_bits(plane.add(i * hi_row + p * 8 * hb), hb))
+        }
+    };
     // One chunk: codes of each weight row in `wq`, scales at block 2p.
     let mut step = |p: usize, wq: &[__m512i; R]| {
         let mut scale = [_mm512_setzero_ps(); R];
         for (i, s) in scale.iter_mut().enumerate() {
-            *s = pair_f16(wd.add(i * nb + 2 * p));
+            *s = if six { quad_f16(wd.add(i * scales + 4 * p)) } else { pair_f16(wd.add(i * nb + 2 * p)) };
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let x = _mm512_loadu_si512(xq.add(r * a.padded + p * CHUNK) as *const _);
@@ -96,7 +143,7 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
             }
         }
     };
-    if four {
+    if nibbles {
         let mut p = 0;
         while p + 1 < chunks {
             let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
@@ -106,8 +153,8 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
                 // slots and is 20-40 % slower for one activation row).
                 _mm_prefetch::<_MM_HINT_T1>(qs.wrapping_add((2 * R + i) * row_bytes + p * 32) as *const i8);
                 let v = _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _);
-                lo[i] = _mm512_and_si512(v, low);
-                hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                lo[i] = with_high(_mm512_and_si512(v, low), i, p);
+                hi[i] = with_high(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), i, p + 1);
             }
             step(p, &lo);
             step(p + 1, &hi);
@@ -118,8 +165,8 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
             for (i, l) in last.iter_mut().enumerate() {
                 let v = _mm256_loadu_si256(qs.add(i * row_bytes + p * 32) as *const __m256i);
                 let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
-                *l = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                let high = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+                *l = with_high(_mm512_inserti64x4(_mm512_castsi256_si512(lo), high, 1), i, p);
             }
             step(p, &last);
         }
@@ -135,7 +182,11 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
     }
     for r in 0..M {
         for i in 0..R {
-            let offset = dot_f32(w.m.as_ptr().add((c0 + i) * nb), a.sx.as_ptr().add((r0 + r) * nb), nb);
+            let offset = if six {
+                -32.0 * dot_f32(wd.add(i * scales), a.sx16.as_ptr().add((r0 + r) * scales), scales)
+            } else {
+                dot_f32(w.m.as_ptr().add((c0 + i) * nb), a.sx.as_ptr().add((r0 + r) * nb), nb)
+            };
             out.write((r0 + r) * w.rows + c0 + i, _mm512_reduce_add_ps(acc[r][i]) + offset);
         }
     }

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
-use super::{half, position, QActs, QMatrix, CHUNK};
+use super::{half, position, Bits, QActs, QMatrix, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::Level;
 use crate::models::native::out_ptr::OutPtr;
@@ -50,11 +50,16 @@ pub unsafe fn qmatmul(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
 }
 
 fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
+    let outputs = a.rows.checked_mul(w.rows);
     assert!(
-        a.padded == w.padded && cols.start <= cols.end && cols.end <= w.rows && out.len() >= a.rows * w.rows,
+        a.padded == w.padded && cols.start <= cols.end && cols.end <= w.rows && outputs.is_some_and(|n| out.len() >= n),
         "qmatmul sizes"
     );
-    assert!(a.xq.len() >= a.rows * a.padded && a.dx.len() >= a.rows * a.padded / 32, "qmatmul activations");
+    let values = a.rows.checked_mul(a.padded);
+    assert!(
+        values.is_some_and(|n| a.xq.len() >= n && a.dx.len() >= n / 32 && a.sx16.len() >= n / 16),
+        "qmatmul activations"
+    );
 }
 
 /// The reference kernel, also the fallback: codes and activations in natural order, so that
@@ -73,10 +78,17 @@ pub unsafe fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<
         }
         for (r, xr) in x.chunks_exact(a.padded).enumerate() {
             let mut acc = 0f32;
-            for (b, (qb, xb)) in codes.chunks_exact(32).zip(xr.chunks_exact(32)).enumerate() {
-                let dot: i32 = qb.iter().zip(xb).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum();
-                acc += half(w.d[c * nb + b]) * a.dx[r * nb + b] * dot as f32 + half(w.m[c * nb + b]) * a.sx[r * nb + b];
+            // Per 16 values: Q6_K's scales are that fine, and the others' are equal in pairs.
+            for (h, (qh, xh)) in codes.chunks_exact(16).zip(xr.chunks_exact(16)).enumerate() {
+                let dot: i32 = qh.iter().zip(xh).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum();
+                let (d, b) = (w.scale(c, h * 16).0, h / 2);
+                acc += d * a.dx[r * nb + b] * dot as f32;
             }
+            acc += if w.bits == Bits::Six {
+                -32.0 * (0..2 * nb).map(|j| half(w.d[c * 2 * nb + j]) * a.sx16[r * 2 * nb + j]).sum::<f32>()
+            } else {
+                (0..nb).map(|b| half(w.m[c * nb + b]) * a.sx[r * nb + b]).sum::<f32>()
+            };
             // SAFETY: `write` checks the bounds; the caller owns column `c` of `out`.
             unsafe { out.write(r * w.rows + c, acc) };
         }
@@ -89,12 +101,13 @@ mod candle_agreement {
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
     use candle_core::{Device, Module, Tensor};
 
-    /// For Q8_0, Q4_0 and Q4_1 candle's quantized matmul quantizes activations the same way
-    /// (per 32 values, amax/127), so the products agree up to a few flipped roundings. (For Q4_K
-    /// candle quantizes activations per 256 values, more coarsely, and is left out.)
+    /// For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 candle's quantized matmul quantizes activations the
+    /// same way (per 32 values, amax/127), so the products agree up to a few flipped roundings.
+    /// (For the K-quants candle quantizes activations per 256 values, more coarsely, and is
+    /// left out.)
     #[test]
     fn products_agree_with_candle_qmatmul() {
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1] {
             let (n, k, m) = (24, 512, 3);
             let w: Vec<f32> = (0..n * k).map(|i| (((i * 7919) % 1013) as f32 / 506.0 - 1.0) * 0.1).collect();
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
@@ -120,8 +133,8 @@ mod candle_agreement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::native::quant::tests::{data, repack, TYPES};
-    use candle_core::quantized::{GgmlDType, QTensor};
+    use crate::models::native::quant::tests::{data, k_quant, repack, TYPES};
+    use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
 
     type Kernel = fn(&QActs, &QMatrix, OutPtr<'_>, Range<usize>);
@@ -174,11 +187,11 @@ mod tests {
         let kernels = variants();
         for dtype in TYPES {
             for &(n, k) in &[(7usize, 256usize), (13, 512), (3, 768), (6, 576), (5, 64), (11, 192)] {
-                if dtype == GgmlDType::Q4K && k % 256 != 0 {
+                if k_quant(dtype) && k % 256 != 0 {
                     continue;
                 }
                 let (w, deq) = repack(dtype, n, k);
-                for m in 1..=9 {
+                for m in 1..=16 {
                     let x = data(m * k, 3);
                     let want: Vec<f32> = (0..m)
                         .flat_map(|r| {
@@ -203,6 +216,37 @@ mod tests {
         }
     }
 
+    /// Batch invariance: a row's product is bit for bit the same alone or among M rows, at
+    /// every M from 1 to 16, for every type and kernel (each row is summed in the same order
+    /// whatever the tile it lands in), so verifying k + 1 rows scores each like a plain step.
+    #[test]
+    fn each_row_is_bit_identical_alone_or_among_m_rows() {
+        let kernels = variants();
+        for dtype in TYPES {
+            let (n, k) = (9, if k_quant(dtype) { 512 } else { 576 });
+            let (w, _) = repack(dtype, n, k);
+            let x = data(16 * k, 5);
+            for (name, kernel) in &kernels {
+                let alone: Vec<Vec<f32>> = (0..16)
+                    .map(|r| {
+                        let mut acts = QActs::default();
+                        acts.quantize(&x[r * k..(r + 1) * k], 1, k);
+                        run(*kernel, &acts, &w)
+                    })
+                    .collect();
+                for m in 1..=16 {
+                    let mut acts = QActs::default();
+                    acts.quantize(&x[..m * k], m, k);
+                    let together = run(*kernel, &acts, &w);
+                    for (r, row) in together.chunks_exact(n).enumerate() {
+                        let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{name} {dtype:?}: row {r} of {m} differs from the row alone");
+                    }
+                }
+            }
+        }
+    }
+
     /// Same quantized inputs: the integer parts are exact, so only f32 rounding may differ.
     fn agree_with_portable(w: &QMatrix, x: &[f32], m: usize, what: &str) {
         let mut acts = QActs::default();
@@ -218,7 +262,7 @@ mod tests {
     #[test]
     fn kernels_agree_exactly_with_the_portable_reference() {
         for dtype in TYPES {
-            let k = if dtype == GgmlDType::Q4K { 512 } else { 576 };
+            let k = if k_quant(dtype) { 512 } else { 576 };
             let (w, _) = repack(dtype, 9, k);
             for m in [1, 2, 3, 4, 5, 7] {
                 agree_with_portable(&w, &data(m * k, 11), m, &format!("{dtype:?}"));

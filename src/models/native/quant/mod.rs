@@ -1,8 +1,9 @@
 //! Quantized weights for the native engine, and their products with a few activation rows.
 //!
-//! Every supported GGUF block type (Q8_0, Q4_0, Q4_1, Q4_K) is repacked at load into one
-//! layout: per 32 values an unsigned code `q` (4 or 8 bits), a scale `d` and an offset `m`,
-//! with `w = d·q + m`. Activations are quantized per 32 values to `x ≈ dx·xq` (i8), so
+//! Every supported GGUF block type (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K) is
+//! repacked at load into one layout: per 32 values an unsigned code `q` (4, 5, 6 or 8 bits), a
+//! scale `d` and an offset `m`, with `w = d·q + m`. (Q6_K scales every 16 values: its `d` is
+//! kept per 16 and its offset is always `−32·d`, see [`Bits::Six`].) Activations are quantized per 32 values to `x ≈ dx·xq` (i8), so
 //!
 //!   Σ w·x ≈ Σ_blocks ( d·dx·Σ q·xq  +  m·sx ),   sx = dx·Σ xq,
 //!
@@ -16,7 +17,8 @@
 //! bytes per lane, so lanes alternate between the two blocks and their scales are one 8-byte
 //! broadcast `[d0, d1, d0, d1, …]`. 4-bit codes of two neighbouring chunks share 64 bytes (low
 //! nibbles for the first chunk, high for the second), so one load and three operations unpack
-//! 128 codes.
+//! 128 codes. 5- and 6-bit codes keep their low 4 bits the same way and their high bits in a
+//! second plane (see [`Bits`]), or'd in above the nibble after unpacking.
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -40,8 +42,37 @@ pub enum Bits {
     /// Two codes per byte: chunks in pairs, byte i holding position i of the first chunk (low
     /// nibble) and of the second (high); an odd last chunk holds positions i and i + 32.
     Four,
+    /// Q5_0, Q5_1, Q5_K: the low 4 bits as in `Four`, and per chunk 8 bytes of high bits: bit k
+    /// of byte b is the fifth bit of position 8k + b.
+    Five,
+    /// Q6_K: the low 4 bits as in `Four`, and per chunk 16 bytes of high bits: bits 2k..2k+2 of
+    /// byte b are the top two bits of position 16k + b. The scale `d` is kept per 16 values,
+    /// per chunk in the order (block 0, values 0..16), (block 1, 0..16), (block 0, 16..32),
+    /// (block 1, 16..32): the lane order of a 256-bit half chunk. The offset is `−32·d`, so `m`
+    /// is empty and the kernels subtract `32·Σ d·sx16` (see [`QActs`]).
+    Six,
     /// One code per byte.
     Eight,
+}
+
+impl Bits {
+    /// Bits of the high plane per value.
+    fn high_bits(self) -> usize {
+        match self {
+            Self::Five => 1,
+            Self::Six => 2,
+            Self::Four | Self::Eight => 0,
+        }
+    }
+
+    /// Bytes of codes per row of `padded` values (the nibble or byte plane).
+    fn row_bytes(self, padded: usize) -> usize {
+        if self == Self::Eight {
+            padded
+        } else {
+            padded / 2
+        }
+    }
 }
 
 /// A quantized (rows, cols) weight matrix in the engine's layout.
@@ -52,8 +83,11 @@ pub struct QMatrix {
     padded: usize,
     bits: Bits,
     qs: Vec<u8>,
-    /// Scales and offsets per 32 values, as f16 bits (exact for Q8_0, Q4_0 and Q4_1, whose
-    /// blocks store them in f16; within 2^-11 for Q4_K's products of two scales).
+    /// The high bits of 5- and 6-bit codes (`padded / 8 · high_bits` bytes per row).
+    hi: Vec<u8>,
+    /// Scales and offsets per 32 values (scales per 16 for `Six`, no offsets), as f16 bits
+    /// (exact for the types that store them in f16; within 2^-11 for the K-quants' products of
+    /// two scales).
     d: Vec<u16>,
     m: Vec<u16>,
 }
@@ -61,7 +95,18 @@ pub struct QMatrix {
 impl QMatrix {
     /// True for the GGUF block types this layout can hold.
     pub fn supports(dtype: GgmlDType) -> bool {
-        matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q4K)
+        Self::bits_of(dtype).is_some()
+    }
+
+    fn bits_of(dtype: GgmlDType) -> Option<Bits> {
+        use GgmlDType::*;
+        match dtype {
+            Q8_0 => Some(Bits::Eight),
+            Q4_0 | Q4_1 | Q4K => Some(Bits::Four),
+            Q5_0 | Q5_1 | Q5K => Some(Bits::Five),
+            Q6K => Some(Bits::Six),
+            _ => None,
+        }
     }
 
     /// Repacks GGUF blocks of `dtype` (row-major, `rows × cols` values) into this layout.
@@ -70,19 +115,22 @@ impl QMatrix {
     /// [`Error::InvalidSetting`] for an unsupported type or sizes that do not fit the bytes.
     pub fn from_ggml(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
         let block = dtype.block_size();
-        let expected = rows * cols / block * dtype.type_size();
-        if !Self::supports(dtype) || !cols.is_multiple_of(block) || bytes.len() != expected {
+        let expected = rows.checked_mul(cols).map(|n| n / block).and_then(|n| n.checked_mul(dtype.type_size()));
+        let bits = Self::bits_of(dtype);
+        let (Some(bits), true, true) = (bits, cols.is_multiple_of(block) && cols > 0, Some(bytes.len()) == expected)
+        else {
             return Err(Error::setting(
                 "quantized tensor",
                 format!("{dtype:?} {rows}x{cols}, {} bytes", bytes.len()),
-                "Q8_0, Q4_0, Q4_1 or Q4_K with whole blocks per row",
+                "Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K or Q6_K with whole blocks per row",
             ));
-        }
-        let bits = if dtype == GgmlDType::Q8_0 { Bits::Eight } else { Bits::Four };
+        };
         let padded = cols.div_ceil(CHUNK) * CHUNK;
-        let mut out = Self { rows, cols, padded, bits, qs: Vec::new(), d: Vec::new(), m: Vec::new() };
+        let mut out = Self { rows, cols, padded, bits, qs: Vec::new(), hi: Vec::new(), d: Vec::new(), m: Vec::new() };
         let row_bytes = cols / block * dtype.type_size();
-        let (mut codes, mut d, mut m) = (vec![0u8; padded], vec![0f32; padded / 32], vec![0f32; padded / 32]);
+        // Q6_K's scales are per 16 values.
+        let scales = if bits == Bits::Six { padded / 16 } else { padded / 32 };
+        let (mut codes, mut d, mut m) = (vec![0u8; padded], vec![0f32; scales], vec![0f32; padded / 32]);
         for row in bytes.chunks_exact(row_bytes) {
             codes.iter_mut().for_each(|c| *c = 0);
             d.iter_mut().for_each(|x| *x = 0.0);
@@ -101,21 +149,39 @@ impl QMatrix {
                 ordered[c * CHUNK + position(v)] = q;
             }
         }
-        match self.bits {
-            Bits::Eight => self.qs.extend_from_slice(&ordered),
-            Bits::Four => {
-                let mut pairs = ordered.chunks_exact(2 * CHUNK);
-                for pair in &mut pairs {
-                    self.qs.extend((0..CHUNK).map(|i| pair[i] | (pair[CHUNK + i] << 4)));
-                }
-                let last = pairs.remainder();
-                if !last.is_empty() {
-                    self.qs.extend((0..32).map(|i| last[i] | (last[i + 32] << 4)));
-                }
+        if self.bits == Bits::Eight {
+            self.qs.extend_from_slice(&ordered);
+        } else {
+            let mut pairs = ordered.chunks_exact(2 * CHUNK);
+            for pair in &mut pairs {
+                self.qs.extend((0..CHUNK).map(|i| (pair[i] & 0xF) | (pair[CHUNK + i] << 4)));
+            }
+            let last = pairs.remainder();
+            if !last.is_empty() {
+                self.qs.extend((0..32).map(|i| (last[i] & 0xF) | (last[i + 32] << 4)));
             }
         }
-        self.d.extend(d.iter().map(|&x| f16::from_f32(x).to_bits()));
-        self.m.extend(m.iter().map(|&x| f16::from_f32(x).to_bits()));
+        let hb = self.bits.high_bits();
+        if hb > 0 {
+            // Per chunk 8·hb bytes; position v's high bits in byte v % (8·hb), at hb·(v / (8·hb)).
+            let group = 8 * hb;
+            for chunk in ordered.chunks_exact(CHUNK) {
+                let mut bytes = vec![0u8; group];
+                for (v, &q) in chunk.iter().enumerate() {
+                    bytes[v % group] |= (q >> 4) << (hb * (v / group));
+                }
+                self.hi.extend_from_slice(&bytes);
+            }
+        }
+        if self.bits == Bits::Six {
+            // Natural order (per 16 values) to the kernels' lane order within each chunk.
+            for q in d.chunks_exact(4) {
+                self.d.extend([q[0], q[2], q[1], q[3]].map(|x| f16::from_f32(x).to_bits()));
+            }
+        } else {
+            self.d.extend(d.iter().map(|&x| f16::from_f32(x).to_bits()));
+            self.m.extend(m.iter().map(|&x| f16::from_f32(x).to_bits()));
+        }
     }
 
     /// Stacks matrices of the same width and code size by rows; `None` for an empty list or
@@ -129,6 +195,7 @@ impl QMatrix {
             }
             first.rows += p.rows;
             first.qs.extend(p.qs);
+            first.hi.extend(p.hi);
             first.d.extend(p.d);
             first.m.extend(p.m);
         }
@@ -147,26 +214,28 @@ impl QMatrix {
 
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.qs.len() + 2 * (self.d.len() + self.m.len())
+        self.qs.len() + self.hi.len() + 2 * (self.d.len() + self.m.len())
     }
 
     fn row_qs(&self, r: usize) -> &[u8] {
-        let len = match self.bits {
-            Bits::Four => self.padded / 2,
-            Bits::Eight => self.padded,
-        };
+        let len = self.bits.row_bytes(self.padded);
         &self.qs[r * len..(r + 1) * len]
+    }
+
+    /// Bytes of the high plane per row.
+    fn hi_row_bytes(&self) -> usize {
+        self.padded / 8 * self.bits.high_bits()
     }
 
     /// The code of value `i` of row `r`.
     fn code(&self, r: usize, i: usize) -> u8 {
         let qs = self.row_qs(r);
         let (chunk, pos) = (i / CHUNK, position(i % CHUNK));
-        match self.bits {
-            Bits::Eight => qs[chunk * CHUNK + pos],
-            Bits::Four if chunk % 2 == 1 => qs[(chunk - 1) * 32 + pos] >> 4,
-            Bits::Four if chunk + 1 < self.padded / CHUNK => qs[chunk * 32 + pos] & 0xF,
-            Bits::Four => {
+        let low = match self.bits {
+            Bits::Eight => return qs[chunk * CHUNK + pos],
+            _ if chunk % 2 == 1 => qs[(chunk - 1) * 32 + pos] >> 4,
+            _ if chunk + 1 < self.padded / CHUNK => qs[chunk * 32 + pos] & 0xF,
+            _ => {
                 let byte = qs[chunk * 32 + pos % 32];
                 if pos < 32 {
                     byte & 0xF
@@ -174,20 +243,44 @@ impl QMatrix {
                     byte >> 4
                 }
             }
+        };
+        let hb = self.bits.high_bits();
+        if hb == 0 {
+            return low;
         }
+        let group = 8 * hb;
+        let byte = self.hi[r * self.hi_row_bytes() + chunk * group + pos % group];
+        low | (((byte >> (hb * (pos / group))) & ((1 << hb) - 1)) << 4)
+    }
+
+    /// The scale and offset of value `i` of row `r`.
+    fn scale(&self, r: usize, i: usize) -> (f32, f32) {
+        if self.bits == Bits::Six {
+            let d = half(self.d[r * self.padded / 16 + six_scale(i)]);
+            return (d, -32.0 * d);
+        }
+        let b = r * self.padded / 32 + i / 32;
+        (half(self.d[b]), half(self.m[b]))
     }
 
     /// Row `r` as f32 values (`cols` of them) into `out`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let nb = self.padded / 32;
         for (i, o) in out.iter_mut().enumerate().take(self.cols) {
-            let b = r * nb + i / 32;
-            *o = half(self.d[b]) * self.code(r, i) as f32 + half(self.m[b]);
+            let (d, m) = self.scale(r, i);
+            *o = d * self.code(r, i) as f32 + m;
         }
     }
 }
 
-/// Decodes one GGUF row into unsigned codes and per-32 scales and offsets (`w = d·q + m`).
+/// Where the per-16 scale of value `i` of a row sits in a `Six` row's scales: per chunk
+/// (block 0, 0..16), (block 1, 0..16), (block 0, 16..32), (block 1, 16..32).
+fn six_scale(i: usize) -> usize {
+    let (chunk, v) = (i / CHUNK, i % CHUNK);
+    chunk * 4 + (v % 32 / 16) * 2 + v / 32
+}
+
+/// Decodes one GGUF row into unsigned codes and per-32 scales and offsets (`w = d·q + m`;
+/// Q6_K: per-16 scales in natural order, offsets implied).
 fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: &mut [f32]) {
     let h = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     match dtype {
@@ -230,6 +323,56 @@ fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: 
                 }
             }
         }
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
+            let size = dtype.type_size();
+            for (b, blk) in row.chunks_exact(size).enumerate() {
+                d[b] = h(blk, 0);
+                m[b] = if dtype == GgmlDType::Q5_0 { -16.0 * d[b] } else { h(blk, 2) };
+                let at = if dtype == GgmlDType::Q5_0 { 2 } else { 4 };
+                let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+                let qs = &blk[at + 4..];
+                for j in 0..16 {
+                    let high = |v: usize| (((qh >> v) & 1) as u8) << 4;
+                    codes[b * 32 + j] = (qs[j] & 0xF) | high(j);
+                    codes[b * 32 + j + 16] = (qs[j] >> 4) | high(j + 16);
+                }
+            }
+        }
+        GgmlDType::Q5K => {
+            for (s, blk) in row.chunks_exact(176).enumerate() {
+                let (dd, dmin) = (h(blk, 0), h(blk, 2));
+                let (scales, qh, qs) = (&blk[4..16], &blk[16..48], &blk[48..]);
+                for j in 0..8 {
+                    let (sc, mn) = scale_min_k4(j, scales);
+                    d[s * 8 + j] = dd * sc as f32;
+                    m[s * 8 + j] = -(dmin * mn as f32);
+                }
+                for c in 0..4 {
+                    for l in 0..32 {
+                        let (byte, hb) = (qs[c * 32 + l], qh[l] >> (2 * c));
+                        codes[s * 256 + c * 64 + l] = (byte & 0xF) | ((hb & 1) << 4);
+                        codes[s * 256 + c * 64 + 32 + l] = (byte >> 4) | ((hb & 2) << 3);
+                    }
+                }
+            }
+        }
+        GgmlDType::Q6K => {
+            for (s, blk) in row.chunks_exact(210).enumerate() {
+                let (ql, qh, scales, dd) = (&blk[..128], &blk[128..192], &blk[192..208], h(blk, 208));
+                for (j, &sc) in scales.iter().enumerate() {
+                    d[s * 16 + j] = dd * f32::from(sc as i8);
+                }
+                for n in 0..2 {
+                    let (ql, qh, out) = (&ql[64 * n..], &qh[32 * n..], &mut codes[s * 256 + 128 * n..]);
+                    for l in 0..32 {
+                        out[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+                        out[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+                        out[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                        out[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                    }
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -255,7 +398,8 @@ fn position(v: usize) -> usize {
 }
 
 /// Activation rows quantized per 32 values: `xq` (i8, in interleaved chunk order), `dx`, and
-/// `sx = dx·Σxq`.
+/// `sx = dx·Σxq`; `sx16`, the same sums per 16 values in `Six`'s scale order (for Q6_K's
+/// offsets).
 #[derive(Debug, Default)]
 pub struct QActs {
     rows: usize,
@@ -263,6 +407,7 @@ pub struct QActs {
     xq: Vec<i8>,
     dx: Vec<f32>,
     sx: Vec<f32>,
+    sx16: Vec<f32>,
 }
 
 impl QActs {
@@ -276,14 +421,17 @@ impl QActs {
         self.xq.resize(m * padded, 0);
         self.dx.resize(m * nb, 0.0);
         self.sx.resize(m * nb, 0.0);
-        quantize_blocks(x, k, padded, &mut self.xq, &mut self.dx, &mut self.sx);
+        self.sx16.resize(m * 2 * nb, 0.0);
+        quantize_blocks(x, k, padded, &mut self.xq, &mut self.dx, &mut self.sx, &mut self.sx16);
     }
 }
 
 multiversion! {
     /// Per 32 values of each row of `x` (rows of `k`, padded to `padded` with zeros):
-    /// `dx = max|x| / 127`, `xq = round(x / dx)`, `sx = dx·Σxq`.
-    fn quantize_blocks(x: &[f32], k: usize, padded: usize, xq: &mut [i8], dx: &mut [f32], sx: &mut [f32]) {
+    /// `dx = max|x| / 127`, `xq = round(x / dx)`, `sx = dx·Σxq`, and `sx16` per 16 values.
+    fn quantize_blocks(
+        x: &[f32], k: usize, padded: usize, xq: &mut [i8], dx: &mut [f32], sx: &mut [f32], sx16: &mut [f32],
+    ) {
         let nb = padded / 32;
         for (r, row) in x.chunks_exact(k).enumerate() {
             for b in 0..nb {
@@ -292,14 +440,17 @@ multiversion! {
                 let d = amax / 127.0;
                 let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
                 let chunk = &mut xq[r * padded + b / 2 * CHUNK..][..CHUNK];
-                let mut sum = 0i32;
+                let mut sums = [0i32; 2];
                 for (j, &v) in vals.iter().enumerate() {
                     let q = (v * inv).round_ties_even() as i8;
                     chunk[position((b % 2) * 32 + j)] = q;
-                    sum += q as i32;
+                    sums[j / 16] += q as i32;
                 }
                 dx[r * nb + b] = d;
-                sx[r * nb + b] = d * sum as f32;
+                sx[r * nb + b] = d * (sums[0] + sums[1]) as f32;
+                for (half, sum) in sums.into_iter().enumerate() {
+                    sx16[r * 2 * nb + six_scale(b * 32 + half * 16)] = d * sum as f32;
+                }
             }
         }
     }
@@ -327,13 +478,27 @@ mod tests {
         (m, deq)
     }
 
-    pub(super) const TYPES: [GgmlDType; 4] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q4K];
+    pub(super) const TYPES: [GgmlDType; 8] = [
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q4K,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ];
+
+    /// K-quants need rows of whole 256-value super-blocks.
+    pub(super) fn k_quant(dtype: GgmlDType) -> bool {
+        matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
+    }
 
     #[test]
     fn repacked_rows_dequantize_like_candle() {
         for dtype in TYPES {
             // 576 values = 9 chunks: an odd last chunk (Q4_K blocks need multiples of 256).
-            let (rows, cols) = (5, if dtype == GgmlDType::Q4K { 512 } else { 576 });
+            let (rows, cols) = (5, if k_quant(dtype) { 512 } else { 576 });
             let (m, deq) = repack(dtype, rows, cols);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
@@ -341,7 +506,7 @@ mod tests {
                 for (a, b) in row.iter().zip(&deq[r * cols..]) {
                     // Exact but for Q4_K, whose two-scale products are rounded to f16 (an error
                     // far below its 4-bit step, about 0.03 here).
-                    let tol = if dtype == GgmlDType::Q4K { 4e-3 } else { 1e-6 };
+                    let tol = if k_quant(dtype) { 4e-3 } else { 1e-6 };
                     assert!((a - b).abs() <= tol, "{dtype:?}: {a} vs {b}");
                 }
             }
