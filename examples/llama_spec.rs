@@ -39,8 +39,10 @@ struct Args {
     /// config.json and safetensors, or a hub id; scripts/train-heads.sh trains them).
     #[arg(long, default_value = "model")]
     drafter: String,
-    /// Weight format of the target: f32 (default) or stored.
-    #[arg(long, default_value = "f32")]
+    /// Weight format of the target: auto, f32 or stored. auto holds a --target as stored (a
+    /// quantized GGUF file stays quantized: the model a user runs) and the default SmolLM2
+    /// target in f32 (drafted by its own Q4_1 weights).
+    #[arg(long, default_value = "auto")]
     target_format: String,
     /// The prompt. The default asks for a long answer: a one-line answer is over before the
     /// speculation has anything to win.
@@ -103,7 +105,11 @@ fn main() -> Result<()> {
         None => default_models(),
     };
     let target_files = ModelFiles::resolve(&target_spec)?;
-    let target_format: WeightFormat = args.target_format.parse()?;
+    let target_format: WeightFormat = match (args.target_format.as_str(), &args.target) {
+        ("auto", Some(_)) => WeightFormat::Stored,
+        ("auto", None) => WeightFormat::F32,
+        (format, _) => format.parse()?,
+    };
     let (target_w, tokenizer) =
         target_files.load(target_format, &device).with_context(|| format!("loading target {target_spec}"))?;
 
@@ -139,7 +145,7 @@ fn main() -> Result<()> {
     eprintln!(
         "target {} ({}), drafter {draft_name}, k {k_policy}, tree {tree}, prompt {} tokens",
         target_files.name(),
-        args.target_format,
+        target_format,
         ids.len()
     );
     eprintln!("{}", specdec::cpu::kernels());

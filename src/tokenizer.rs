@@ -167,14 +167,15 @@ impl Tokenizer {
 }
 
 /// The system prompt a ChatML template inserts when the conversation has none: the first
-/// `<|im_start|>system` turn written out as literal text (Qwen's templates open that turn in
-/// template code first, with the text elsewhere).
+/// `<|im_start|>system` turn written out as plain text (Qwen's templates open that turn in
+/// template code first, and write the newline as a `\n` escape in a string literal).
 fn default_system_prompt(template: &str) -> Option<String> {
-    const OPEN: &str = "<|im_start|>system\n";
+    const OPEN: &str = "<|im_start|>system";
     template.match_indices(OPEN).find_map(|(at, _)| {
         let rest = &template[at + OPEN.len()..];
+        let rest = rest.strip_prefix('\n').or_else(|| rest.strip_prefix("\\n"))?;
         let text = &rest[..rest.find("<|im_end|>")?];
-        (!text.is_empty() && !text.contains(['\'', '"', '{', '}'])).then(|| text.to_string())
+        (!text.is_empty() && !text.contains(['\'', '"', '{', '}', '\\'])).then(|| text.to_string())
     })
 }
 

@@ -79,6 +79,17 @@ impl ModelFiles {
         path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
     }
 
+    /// Reads the tokenizer only (no weights).
+    ///
+    /// # Errors
+    /// Missing or corrupt files, unsupported tokenizers.
+    pub fn tokenizer(&self) -> Result<Tokenizer> {
+        match self {
+            Self::Gguf(path) => GgufFile::open(path)?.tokenizer(),
+            Self::HfDir(dir) => SafetensorsDir::open(dir)?.tokenizer(),
+        }
+    }
+
     /// Reads the config, the tokenizer and the weights in `format` onto `device`.
     ///
     /// # Errors

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 pub const STORIES: &str = "tinyllamas-stories-260k-f32.gguf";
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+pub const QWEN_1_5B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+pub const QWEN_0_5B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 
 /// The path of a model file from `scripts/fetch-models.sh`, looked up in `$SPECDEC_MODELS`,
 /// `./models-cache` and `../shared/models`. When it is missing the test is skipped, except

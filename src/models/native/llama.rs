@@ -32,14 +32,17 @@ pub enum Matrix {
     F32(Packed),
     /// Quantized blocks.
     Quant(QMatrix),
+    /// Parts stacked by rows that cannot share one layout (a Q4_K_M file's q, k and v may mix
+    /// Q4_K and Q6_K): each part runs its own product into its columns of the output.
+    Parts(Vec<Matrix>),
 }
 
 impl Matrix {
     /// Holds `parts`, (rows_i, cols) tensors stacked by rows (a fused q|k|v or gate|up
     /// matrix), in `format`. Stored blocks of a type the kernels lack (Q2_K, Q3_K, IQ…) are
     /// re-quantized to Q8_0, whose step is finer than theirs, rather than widened to f32 (four
-    /// times the bytes per token). Parts that still cannot be held quantized (a row length
-    /// that is not a whole number of blocks) make the whole matrix f32.
+    /// times the bytes per token). A part that cannot be held quantized (a row length that is
+    /// not a whole number of blocks) is f32. Parts of different layouts stay apart.
     fn load(parts: Vec<QTensor>, format: WeightFormat) -> Result<Self> {
         let mut loaded = Vec::with_capacity(parts.len());
         for t in parts {
@@ -69,7 +72,9 @@ impl Matrix {
                 }
             });
         }
-        let cols = loaded.first().map_or(0, Self::cols);
+        if loaded.len() == 1 {
+            return Ok(loaded.remove(0));
+        }
         let quant: Vec<QMatrix> =
             loaded.iter().filter_map(|m| if let Self::Quant(q) = m { Some(q.clone()) } else { None }).collect();
         if quant.len() == loaded.len() {
@@ -77,27 +82,14 @@ impl Matrix {
                 return Ok(Self::Quant(q));
             }
         }
-        // Mixed or unstackable parts: hold the whole matrix in f32.
-        let mut data = Vec::new();
-        for part in &loaded {
-            for r in 0..part.rows() {
-                part.row_into(r, &mut data);
-            }
-        }
-        Ok(Self::F32(Packed::pack(&data, data.len() / cols.max(1), cols)))
-    }
-
-    fn cols(&self) -> usize {
-        match self {
-            Self::F32(p) => p.cols(),
-            Self::Quant(q) => q.cols(),
-        }
+        Ok(Self::Parts(loaded))
     }
 
     fn rows(&self) -> usize {
         match self {
             Self::F32(p) => p.rows(),
             Self::Quant(q) => q.rows(),
+            Self::Parts(parts) => parts.iter().map(Self::rows).sum(),
         }
     }
 
@@ -106,6 +98,7 @@ impl Matrix {
         match self {
             Self::F32(p) => p.size_bytes(),
             Self::Quant(q) => q.size_bytes(),
+            Self::Parts(parts) => parts.iter().map(Self::size_bytes).sum(),
         }
     }
 
@@ -117,6 +110,15 @@ impl Matrix {
                 let start = out.len();
                 out.resize(start + q.cols(), 0.0);
                 q.dequantize_row(r, &mut out[start..]);
+            }
+            Self::Parts(parts) => {
+                let mut r = r;
+                for part in parts {
+                    if r < part.rows() {
+                        return part.row_into(r, out);
+                    }
+                    r -= part.rows();
+                }
             }
         }
     }
@@ -130,6 +132,17 @@ impl Matrix {
             Self::Quant(q) => {
                 acts.quantize(x, m, q.cols());
                 qmatmul_parallel(acts, q, out, GRAIN);
+            }
+            Self::Parts(parts) => {
+                let (rows, mut first, mut part_out) = (self.rows(), 0, Vec::new());
+                for part in parts {
+                    part.apply(x, m, &mut part_out, acts);
+                    let n = part.rows();
+                    for (dst, src) in out.chunks_exact_mut(rows).zip(part_out.chunks_exact(n)) {
+                        dst[first..first + n].copy_from_slice(src);
+                    }
+                    first += n;
+                }
             }
         }
     }

@@ -87,6 +87,17 @@ struct Rows {
     nb: usize,
 }
 
+/// Weight rows from a tile's first: the high plane and the scales as raw pointers.
+#[derive(Clone, Copy)]
+struct Weights {
+    plane: *const u8,
+    hi_row: usize,
+    hb: usize,
+    six: bool,
+    d: *const u16,
+    n_scales: usize,
+}
+
 /// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
 ///
 /// # Safety
@@ -114,19 +125,30 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); M]; R];
     // Chunk p of weight row i: its codes (the nibbles with the high plane or'd in) into `acc_i`.
-    let chunk = |acc_i: &mut [__m256; M], mut codes: [__m256i; 2], i: usize, p: usize| {
-        if hb > 0 {
-            let h = high_bits(plane.add(i * hi_row + p * 8 * hb), hb);
+    // (A function, not a closure: a closure here would not inherit the caller's target
+    // features, and its intrinsics would become calls.)
+    #[inline(always)]
+    unsafe fn chunk<const M: usize, const VNNI: bool>(
+        acc_i: &mut [__m256; M],
+        mut codes: [__m256i; 2],
+        w: Weights,
+        x: Rows,
+        i: usize,
+        p: usize,
+    ) {
+        if w.hb > 0 {
+            let h = high_bits(w.plane.add(i * w.hi_row + p * 8 * w.hb), w.hb);
             codes = [_mm256_or_si256(codes[0], h[0]), _mm256_or_si256(codes[1], h[1])];
         }
-        if six {
-            let s = wd.add(i * n_scales + 4 * p);
+        if w.six {
+            let s = w.d.add(i * w.n_scales + 4 * p);
             accumulate::<M, VNNI, false, true>(acc_i, codes, [scales(s), scales(s.add(2))], x, p);
         } else {
-            let s = scales(wd.add(i * nb + 2 * p));
+            let s = scales(w.d.add(i * w.n_scales + 2 * p));
             accumulate::<M, VNNI, false, false>(acc_i, codes, [s, s], x, p);
         }
-    };
+    }
+    let wts = Weights { plane, hi_row, hb, six, d: wd, n_scales };
     if nibbles {
         let mut p = 0;
         while p + 1 < chunks {
@@ -139,8 +161,8 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
                 let lo = [_mm256_and_si256(v0, low), _mm256_and_si256(v1, low)];
                 let hi =
                     [_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low)];
-                chunk(acc_i, lo, i, p);
-                chunk(acc_i, hi, i, p + 1);
+                chunk::<M, VNNI>(acc_i, lo, wts, x, i, p);
+                chunk::<M, VNNI>(acc_i, hi, wts, x, i, p + 1);
             }
             p += 2;
         }
@@ -149,7 +171,7 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 let v = _mm256_loadu_si256(qs.add(i * row_bytes + p * 32) as *const __m256i);
                 let codes = [_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)];
-                chunk(acc_i, codes, i, p);
+                chunk::<M, VNNI>(acc_i, codes, wts, x, i, p);
             }
         }
     } else {
@@ -251,7 +273,10 @@ unsafe fn high_bits(p: *const u8, hb: usize) -> [__m256i; 2] {
         let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
         (v, [_mm256_setr_epi64x(0, 0, 2, 2), _mm256_setr_epi64x(4, 4, 6, 6)], 3)
     };
-    shifts.map(|s| _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(copies, s), _mm256_set1_epi8(mask)), 4))
+    let mask = _mm256_set1_epi8(mask);
+    let half0 = _mm256_and_si256(_mm256_srlv_epi64(copies, shifts[0]), mask);
+    let half1 = _mm256_and_si256(_mm256_srlv_epi64(copies, shifts[1]), mask);
+    [_mm256_slli_epi16(half0, 4), _mm256_slli_epi16(half1, 4)]
 }
 
 /// Two f16 scales at `p` as `[s0, s1, s0, s1, …]`.

@@ -1,0 +1,165 @@
+//! The real Qwen2.5-Coder pair (1.5B target, 0.5B draft, Qwen's own Q4_K_M files, held as
+//! stored): its tokenizer against llama.cpp's token ids, its chat turns, and greedy speculative
+//! decoding equal to plain greedy decoding with the 0.5B draft and with n-gram lookup.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::models::{model_path, QWEN_0_5B, QWEN_1_5B};
+use specdec::{
+    Drafter, Engine, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig,
+    SpeculativeDecoder, Tokenizer, WeightFormat,
+};
+
+/// The model as stored, on the native engine at every SIMD level (`Engine::Auto` would pick
+/// candle's quantized kernels at the portable level, whose products are not batch-invariant).
+fn load(name: &str) -> Option<(Arc<LlamaWeights>, Tokenizer)> {
+    let path = model_path(name)?;
+    let files = ModelFiles::Gguf(path);
+    Some(files.load_with(WeightFormat::Stored, &candle_core::Device::Cpu, Engine::Native).expect("the model loads"))
+}
+
+/// Texts and the ids llama.cpp 0c1e570's `llama-tokenize --ids --no-bos` gives for them on the
+/// 1.5B file (the 0.5B file has the same token and merge lists): code, whitespace runs, digits,
+/// non-ASCII, special tokens written in the text.
+const REFERENCE: &[(&str, &[u32])] = &[
+    (
+        "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+        &[
+            750, 75698, 1445, 982, 262, 421, 308, 366, 220, 17, 510, 286, 470, 308, 198, 262, 470, 75698, 1445, 481,
+            220, 16, 8, 488, 75698, 1445, 481, 220, 17, 340,
+        ],
+    ),
+    (
+        "    indented\t\ttabs   and    spaces\n\n\n  end  ",
+        &[262, 1257, 15864, 197, 3244, 3435, 256, 323, 262, 12621, 1406, 220, 835, 256],
+    ),
+    (
+        "Numbers: 1234567890, 3.14159, -42, 1e10 and 2026-12-01.",
+        &[
+            27237, 25, 220, 16, 17, 18, 19, 20, 21, 22, 23, 24, 15, 11, 220, 18, 13, 16, 19, 16, 20, 24, 11, 481, 19,
+            17, 11, 220, 16, 68, 16, 15, 323, 220, 17, 15, 17, 21, 12, 16, 17, 12, 15, 16, 13,
+        ],
+    ),
+    (
+        "Café naïve résumé — 東京 日本語 Ünïcödé 😀 emoji 👍🏽!",
+        &[
+            34, 2577, 963, 94880, 586, 9333, 1242, 963, 1959, 60596, 109, 46553, 75402, 21894, 102819, 30512, 77,
+            37572, 66, 2956, 128505, 90316, 42365, 61804, 235, 145375, 0,
+        ],
+    ),
+    (
+        "<|im_start|>user\nWhat's the time? I'll say it's 5 o'clock.<|im_end|>\n<|im_start|>assistant\n",
+        &[
+            151644, 872, 198, 3838, 594, 279, 882, 30, 358, 3278, 1977, 432, 594, 220, 20, 297, 62410, 13, 151645, 198,
+            151644, 77091, 198,
+        ],
+    ),
+    (
+        "fn main() { let x: Vec<u32> = (0..10).map(|i| i * i).collect(); println!(\"{x:?}\"); }",
+        &[
+            8822, 1887, 368, 314, 1077, 856, 25, 11312, 34837, 18, 17, 29, 284, 320, 15, 496, 16, 15, 568, 2186, 22428,
+            72, 91, 600, 353, 600, 568, 17384, 2129, 13751, 88928, 87, 76475, 92, 5038, 335,
+        ],
+    ),
+    ("HELLO World's CAPS'LL DON'T", &[50712, 1593, 4337, 594, 26101, 50, 6, 4086, 44273, 17323]),
+];
+
+#[test]
+fn qwen_tokenizer_matches_llama_cpp() -> Result<()> {
+    let Some(path) = model_path(QWEN_1_5B) else { return Ok(()) };
+    let tok = ModelFiles::Gguf(path).tokenizer()?;
+    for &(text, ids) in REFERENCE {
+        assert_eq!(tok.encode(text)?, ids, "{text:?}");
+        assert_eq!(tok.decode(ids)?, text.replace("<|im_start|>", "").replace("<|im_end|>", ""), "{text:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn qwen_chat_turns_and_end_of_turn() -> Result<()> {
+    let Some(path) = model_path(QWEN_1_5B) else { return Ok(()) };
+    let tok = ModelFiles::Gguf(path).tokenizer()?;
+    // Qwen2.5's template inserts its default system turn when the conversation has none.
+    assert_eq!(
+        tok.chat_prompt("Hi"),
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = tok.encode(&tok.chat_prompt("Hi"))?;
+    assert_eq!(ids[0], 151_644, "<|im_start|> first, no BOS");
+    assert!(tok.end_of_turn_ids().contains(&151_645), "<|im_end|> ends a turn");
+    Ok(())
+}
+
+fn assert_same(what: &str, out: &Generation, plain: &Generation, tok: &Tokenizer) {
+    assert_eq!(out.tokens, plain.tokens, "{what}: {:?} vs {:?}", tok.decode(&out.tokens), tok.decode(&plain.tokens));
+}
+
+/// A prompt that asks to edit given code: the answer repeats most of the prompt, where n-gram
+/// lookup drafts well.
+const EDIT: &str = "Rename the parameter `n` to `count` in this function and return the whole function:\n\n\
+```python\ndef repeat(text, n):\n    out = []\n    for i in range(n):\n        out.append(text)\n    return out\n```";
+
+#[test]
+fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
+    let Some((target, tok)) = load(QWEN_1_5B) else { return Ok(()) };
+    let Some((draft, _)) = load(QWEN_0_5B) else { return Ok(()) };
+    let mut stop = target.config().eos_token_ids.clone();
+    stop.extend(tok.end_of_turn_ids());
+    let new_tokens = 20;
+    for prompt in ["Write a Python function that checks whether a number is prime.", EDIT] {
+        let ids = tok.encode(&tok.chat_prompt(prompt))?;
+        let plain = PlainDecoder::new(Llama::new(target.clone())?, SamplingConfig::greedy())
+            .max_new_tokens(new_tokens)
+            .stop_tokens(stop.clone())
+            .generate(&ids)?;
+        let vocab = target.config().vocab_size;
+        let drafters = [
+            ("0.5B, k = 3", Drafter::Model(Llama::new(draft.clone())?), Some(3)),
+            ("0.5B, adaptive k", Drafter::Model(Llama::new(draft.clone())?), None),
+            ("n-gram, k = 4", Drafter::NGram(NGramDraft::new(vocab)?), Some(4)),
+        ];
+        for (what, drafter, k) in drafters {
+            let mut builder = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
+                .max_new_tokens(new_tokens)
+                .stop_tokens(stop.clone());
+            if let Some(k) = k {
+                builder = builder.k(k);
+            }
+            let out = builder.build()?.generate(&ids)?;
+            let what = format!("{what}, prompt {prompt:?}");
+            assert_same(&what, &out, &plain, &tok);
+            if k.is_some() {
+                assert!(out.stats.accepted > 0, "{what}: no draft was accepted");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Batch invariance on the real model: each position's logits are bit for bit the same scored
+/// alone (plain decoding) or among the rows of one verification call, so greedy speculation
+/// equals plain greedy decoding by construction.
+#[test]
+fn qwen_rows_are_bit_identical_alone_or_verified_together() -> Result<()> {
+    use specdec::TargetModel;
+    for name in [QWEN_1_5B, QWEN_0_5B] {
+        let Some((w, tok)) = load(name) else { return Ok(()) };
+        let ids = tok.encode(&tok.chat_prompt("Write a function that reverses a string."))?;
+        let (head, tail) = ids.split_at(ids.len() - 9);
+        let mut one = Llama::new(w.clone())?;
+        one.forward(head, 0)?;
+        let alone: Vec<Vec<f32>> =
+            tail.iter().map(|&t| Ok(one.forward(&[t], 1)?.row(0).to_vec())).collect::<Result<_>>()?;
+        let mut many = Llama::new(w)?;
+        many.forward(head, 0)?;
+        let together = many.forward(tail, tail.len())?;
+        for (i, row) in alone.iter().enumerate() {
+            let same = row.iter().zip(together.row(i)).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}: row {i} of 9 differs from the same position scored alone");
+        }
+    }
+    Ok(())
+}
