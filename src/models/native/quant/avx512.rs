@@ -98,6 +98,38 @@ unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
     _mm512_slli_epi16(bits, 4)
 }
 
+/// Activation rows from a group's first, as raw pointers.
+#[derive(Clone, Copy)]
+struct Acts {
+    xq: *const i8,
+    dx: *const f32,
+    padded: usize,
+    nb: usize,
+}
+
+/// Adds chunk `p` of R weight rows (codes `wq`, lane scales `scale`) times M activation rows
+/// into `acc`. A function rather than a closure, so that `acc` stays in registers.
+///
+/// # Safety
+/// AVX-512 F and VNNI (inlined into a caller that has them); `x` holds M rows with chunk `p`.
+#[inline(always)]
+unsafe fn step<const M: usize, const R: usize>(
+    acc: &mut [[__m512; R]; M],
+    wq: &[__m512i; R],
+    scale: [__m512; R],
+    x: Acts,
+    p: usize,
+) {
+    for (r, acc_r) in acc.iter_mut().enumerate() {
+        let xv = _mm512_loadu_si512(x.xq.add(r * x.padded + p * CHUNK) as *const _);
+        let sx = pair(x.dx.add(r * x.nb + 2 * p));
+        for i in 0..R {
+            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[i], xv);
+            acc_r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], sx), acc_r[i]);
+        }
+    }
+}
+
 /// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
 ///
 /// # Safety
@@ -120,6 +152,15 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
     let dx = a.dx.as_ptr().add(r0 * nb);
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [[_mm512_setzero_ps(); R]; M];
+    let x = Acts { xq, dx, padded: a.padded, nb };
+    // Scales of chunk p of weight row i.
+    let scale = |i: usize, p: usize| {
+        if six {
+            quad_f16(wd.add(i * scales + 4 * p))
+        } else {
+            pair_f16(wd.add(i * nb + 2 * p))
+        }
+    };
     // The codes of chunk p of weight row i: the nibbles `v` with the high plane or'd in.
     let with_high = |v: __m512i, i: usize, p: usize| {
         if hb == 0 {
@@ -128,36 +169,22 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
             _mm512_or_si512(v, high_bits(plane.add(i * hi_row + p * 8 * hb), hb))
         }
     };
-    // One chunk: codes of each weight row in `wq`, scales at block 2p.
-    let mut step = |p: usize, wq: &[__m512i; R]| {
-        let mut scale = [_mm512_setzero_ps(); R];
-        for (i, s) in scale.iter_mut().enumerate() {
-            *s = if six { quad_f16(wd.add(i * scales + 4 * p)) } else { pair_f16(wd.add(i * nb + 2 * p)) };
-        }
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let x = _mm512_loadu_si512(xq.add(r * a.padded + p * CHUNK) as *const _);
-            let sx = pair(dx.add(r * nb + 2 * p));
-            for i in 0..R {
-                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[i], x);
-                acc_r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], sx), acc_r[i]);
-            }
-        }
-    };
     if nibbles {
         let mut p = 0;
         while p + 1 < chunks {
-            let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
-            for i in 0..R {
-                // The rows are short streams the prefetcher misses: fetch the same bytes two
-                // tiles ahead into L2 (measured best: one tile ahead into L1 fills the miss
-                // slots and is 20-40 % slower for one activation row).
+            // The rows are short streams the prefetcher misses: fetch the same bytes two tiles
+            // ahead into L2 (measured best: one tile ahead into L1 fills the miss slots and is
+            // 20-40 % slower for one activation row).
+            let bytes = |i: usize| {
                 _mm_prefetch::<_MM_HINT_T1>(qs.wrapping_add((2 * R + i) * row_bytes + p * 32) as *const i8);
-                let v = _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _);
-                lo[i] = with_high(_mm512_and_si512(v, low), i, p);
-                hi[i] = with_high(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), i, p + 1);
-            }
-            step(p, &lo);
-            step(p + 1, &hi);
+                _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _)
+            };
+            // The two chunks one after the other, the bytes loaded twice (the second time from
+            // L1): holding both chunks' codes for a 4 × 4 tile would spill registers.
+            let lo = std::array::from_fn(|i| with_high(_mm512_and_si512(bytes(i), low), i, p));
+            step(&mut acc, &lo, std::array::from_fn(|i| scale(i, p)), x, p);
+            let hi = std::array::from_fn(|i| with_high(_mm512_and_si512(_mm512_srli_epi16(bytes(i), 4), low), i, p + 1));
+            step(&mut acc, &hi, std::array::from_fn(|i| scale(i, p + 1)), x, p + 1);
             p += 2;
         }
         if p < chunks {
@@ -168,7 +195,7 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
                 let high = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
                 *l = with_high(_mm512_inserti64x4(_mm512_castsi256_si512(lo), high, 1), i, p);
             }
-            step(p, &last);
+            step(&mut acc, &last, std::array::from_fn(|i| scale(i, p)), x, p);
         }
     } else {
         for p in 0..chunks {
@@ -177,7 +204,7 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
                 _mm_prefetch::<_MM_HINT_T1>(qs.wrapping_add((2 * R + i) * row_bytes + p * CHUNK) as *const i8);
                 *c = _mm512_loadu_si512(qs.add(i * row_bytes + p * CHUNK) as *const _);
             }
-            step(p, &codes);
+            step(&mut acc, &codes, std::array::from_fn(|i| scale(i, p)), x, p);
         }
     }
     for r in 0..M {
