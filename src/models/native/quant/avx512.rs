@@ -183,7 +183,8 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
             // L1): holding both chunks' codes for a 4 × 4 tile would spill registers.
             let lo = std::array::from_fn(|i| with_high(_mm512_and_si512(bytes(i), low), i, p));
             step(&mut acc, &lo, std::array::from_fn(|i| scale(i, p)), x, p);
-            let hi = std::array::from_fn(|i| with_high(_mm512_and_si512(_mm512_srli_epi16(bytes(i), 4), low), i, p + 1));
+            let hi =
+                std::array::from_fn(|i| with_high(_mm512_and_si512(_mm512_srli_epi16(bytes(i), 4), low), i, p + 1));
             step(&mut acc, &hi, std::array::from_fn(|i| scale(i, p + 1)), x, p + 1);
             p += 2;
         }
