@@ -305,24 +305,6 @@ fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: 
                 }
             }
         }
-        GgmlDType::Q4K => {
-            for (s, blk) in row.chunks_exact(144).enumerate() {
-                let (dd, dmin) = (h(blk, 0), h(blk, 2));
-                let (scales, qs) = (&blk[4..16], &blk[16..]);
-                for j in 0..8 {
-                    let (sc, mn) = scale_min_k4(j, scales);
-                    d[s * 8 + j] = dd * sc as f32;
-                    m[s * 8 + j] = -(dmin * mn as f32);
-                }
-                for c in 0..4 {
-                    for j in 0..32 {
-                        let byte = qs[c * 32 + j];
-                        codes[s * 256 + c * 64 + j] = byte & 0xF;
-                        codes[s * 256 + c * 64 + 32 + j] = byte >> 4;
-                    }
-                }
-            }
-        }
         GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
             let size = dtype.type_size();
             for (b, blk) in row.chunks_exact(size).enumerate() {
@@ -338,10 +320,13 @@ fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: 
                 }
             }
         }
-        GgmlDType::Q5K => {
-            for (s, blk) in row.chunks_exact(176).enumerate() {
+        GgmlDType::Q4K | GgmlDType::Q5K => {
+            // Q5_K is Q4_K with 32 bytes of fifth bits after the scales.
+            let five = dtype == GgmlDType::Q5K;
+            for (s, blk) in row.chunks_exact(dtype.type_size()).enumerate() {
                 let (dd, dmin) = (h(blk, 0), h(blk, 2));
-                let (scales, qh, qs) = (&blk[4..16], &blk[16..48], &blk[48..]);
+                let scales = &blk[4..16];
+                let (qh, qs) = if five { (&blk[16..48], &blk[48..]) } else { (&blk[..0], &blk[16..]) };
                 for j in 0..8 {
                     let (sc, mn) = scale_min_k4(j, scales);
                     d[s * 8 + j] = dd * sc as f32;
@@ -349,7 +334,7 @@ fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: 
                 }
                 for c in 0..4 {
                     for l in 0..32 {
-                        let (byte, hb) = (qs[c * 32 + l], qh[l] >> (2 * c));
+                        let (byte, hb) = (qs[c * 32 + l], qh.get(l).map_or(0, |h| h >> (2 * c)));
                         codes[s * 256 + c * 64 + l] = (byte & 0xF) | ((hb & 1) << 4);
                         codes[s * 256 + c * 64 + 32 + l] = (byte >> 4) | ((hb & 2) << 3);
                     }
