@@ -175,10 +175,10 @@ unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: 
             // The rows are short streams the prefetcher misses: fetch the same bytes two tiles
             // ahead into L2 (measured best: one tile ahead into L1 fills the miss slots and is
             // 20-40 % slower for one activation row).
-            let bytes = |i: usize| {
+            for i in 0..R {
                 _mm_prefetch::<_MM_HINT_T1>(qs.wrapping_add((2 * R + i) * row_bytes + p * 32) as *const i8);
-                _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _)
-            };
+            }
+            let bytes = |i: usize| _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _);
             // The two chunks one after the other, the bytes loaded twice (the second time from
             // L1): holding both chunks' codes for a 4 × 4 tile would spill registers.
             let lo = std::array::from_fn(|i| with_high(_mm512_and_si512(bytes(i), low), i, p));
