@@ -21,6 +21,21 @@ const GROUP: usize = 4;
 /// [`super::qmatmul`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+    // One compiled kernel per code width, so that no test on it is left inside the loops.
+    match w.bits {
+        Bits::Four => tiles::<4>(a, w, out, cols),
+        Bits::Five => tiles::<5>(a, w, out, cols),
+        Bits::Six => tiles::<6>(a, w, out, cols),
+        Bits::Eight => tiles::<8>(a, w, out, cols),
+    }
+}
+
+/// [`qmatmul_vnni`] for codes of `BITS` bits.
+///
+/// # Safety
+/// As [`qmatmul_vnni`], with `w.bits` of `BITS` bits.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     let mut c = cols.start;
     while c < cols.end {
         let tile = if cols.end - c >= TILE { TILE } else { 1 };
@@ -28,14 +43,14 @@ pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
         while r < a.rows {
             let g = (a.rows - r).min(GROUP);
             match (g, tile) {
-                (1, TILE) => tile_vnni::<1, TILE>(a, w, r, c, out),
-                (2, TILE) => tile_vnni::<2, TILE>(a, w, r, c, out),
-                (3, TILE) => tile_vnni::<3, TILE>(a, w, r, c, out),
-                (4, TILE) => tile_vnni::<4, TILE>(a, w, r, c, out),
-                (1, _) => tile_vnni::<1, 1>(a, w, r, c, out),
-                (2, _) => tile_vnni::<2, 1>(a, w, r, c, out),
-                (3, _) => tile_vnni::<3, 1>(a, w, r, c, out),
-                _ => tile_vnni::<4, 1>(a, w, r, c, out),
+                (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
+                (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
+                (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
+                (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
+                (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
+                (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
+                (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
+                _ => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
             }
             r += g;
         }
@@ -136,11 +151,17 @@ unsafe fn step<const M: usize, const R: usize>(
 /// As `qmatmul_vnni`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn tile_vnni<const M: usize, const R: usize>(a: &QActs, w: &QMatrix, r0: usize, c0: usize, out: OutPtr) {
+unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
+    a: &QActs,
+    w: &QMatrix,
+    r0: usize,
+    c0: usize,
+    out: OutPtr,
+) {
     let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let nibbles = w.bits != Bits::Eight;
-    let (six, hb) = (w.bits == Bits::Six, w.bits.high_bits());
+    let nibbles = BITS != 8;
+    let (six, hb) = (BITS == 6, (BITS as usize).saturating_sub(4).min(2));
     let row_bytes = w.bits.row_bytes(w.padded);
     let hi_row = w.hi_row_bytes();
     // Scales per weight row: per 32 values, or per 16 for Six.
