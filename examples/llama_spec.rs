@@ -56,7 +56,7 @@ struct Args {
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
     /// Drafted tokens per round: auto (adaptive, up to 8, plain decoding where drafting does not
-    /// pay), auto:MAX, N (fixed; sampled output reproducible from the seed), grow, grow:MAX.
+    /// pay), auto:MAX, N (fixed), grow, grow:MAX.
     #[arg(long, default_value = "auto")]
     k: String,
     /// Round shape: none (chains), auto or auto:WxDxN[xE] (a tree of drafts when it measures
@@ -75,6 +75,11 @@ struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// How sampled tokens are drawn: coupled (every draw fixed by the seed and the position, so
+    /// the text is the same for a seed whatever k or drafter, and equals plain decoding's) or
+    /// standard (min(1, p/q) acceptance, the only mode that drafts trees; --tree selects it).
+    #[arg(long, default_value = "coupled")]
+    sampling: String,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -92,6 +97,15 @@ fn default_models() -> (String, Option<String>) {
     match dirs.into_iter().flatten().map(|d| d.join(LOCAL_SMOLLM2)).find(|p| p.is_file()) {
         Some(local) => (local.display().to_string(), None),
         None => ("HuggingFaceTB/SmolLM2-360M-Instruct".into(), Some("HuggingFaceTB/SmolLM2-135M-Instruct".into())),
+    }
+}
+
+/// Whether sampling runs coupled: as `--sampling` says, but standard for trees.
+fn coupled(args: &Args) -> Result<bool> {
+    match args.sampling.as_str() {
+        "coupled" => Ok(args.tree == "none" && args.temperature > 0.0),
+        "standard" => Ok(false),
+        other => anyhow::bail!("--sampling {other}: expected coupled or standard"),
     }
 }
 
@@ -133,6 +147,9 @@ fn main() -> Result<()> {
     };
     let ids = tokenizer.encode(&prompt)?;
     let mut sampling = SamplingConfig::new(args.temperature)?.with_seed(args.seed);
+    if coupled(&args)? {
+        sampling = sampling.coupled();
+    }
     if let Some(k) = args.top_k {
         sampling = sampling.with_top_k(k)?;
     }
@@ -142,8 +159,13 @@ fn main() -> Result<()> {
     let mut stop = target_w.config().eos_token_ids.clone();
     stop.extend(tokenizer.end_of_turn_ids());
 
+    let mode = match (args.temperature == 0.0, sampling.is_coupled()) {
+        (true, _) => "greedy",
+        (false, true) => "coupled sampling",
+        (false, false) => "standard sampling",
+    };
     eprintln!(
-        "target {} ({}), drafter {draft_name}, k {k_policy}, tree {tree}, prompt {} tokens",
+        "target {} ({}), drafter {draft_name}, k {k_policy}, tree {tree}, {mode}, prompt {} tokens",
         target_files.name(),
         target_format,
         ids.len()
@@ -195,7 +217,9 @@ fn report(
 ) -> Result<()> {
     let (s, p) = (&spec.stats, &plain.stats);
     let speedup = if p.tokens_per_sec() > 0.0 { s.tokens_per_sec() / p.tokens_per_sec() } else { 0.0 };
-    let greedy_match = (args.temperature == 0.0).then(|| spec.tokens == plain.tokens);
+    // Greedy and coupled runs must print plain decoding's text; other samples differ.
+    let coupled = coupled(args)?;
+    let same_text = (args.temperature == 0.0 || coupled).then(|| spec.tokens == plain.tokens);
     println!("plain       : {:6.1} tok/s ({} tokens)", p.tokens_per_sec(), p.new_tokens);
     println!("speculative : {:6.1} tok/s ({} tokens), speedup {speedup:.2}x", s.tokens_per_sec(), s.new_tokens);
     println!(
@@ -208,10 +232,13 @@ fn report(
     );
     let by_depth: Vec<String> = s.acceptance_by_depth().iter().map(|a| format!("{a:.2}")).collect();
     println!("acceptance by drafting depth: {}", by_depth.join(" "));
-    match greedy_match {
-        Some(true) => println!("greedy match: the speculative text equals plain decoding"),
-        Some(false) => println!("greedy match: NO\nplain text: {}", tok.decode(&plain.tokens)?),
-        None => println!("sampling: speculative and plain texts are different samples of the same distribution"),
+    let mode = if args.temperature == 0.0 { "greedy" } else { "coupled sampling" };
+    match same_text {
+        Some(true) => println!("{mode}: the speculative text equals plain decoding"),
+        Some(false) => println!("{mode}: texts DIFFER\nplain text: {}", tok.decode(&plain.tokens)?),
+        None => {
+            println!("standard sampling: speculative and plain texts are different samples of the same distribution")
+        }
     }
     if args.json {
         let summary = json!({
@@ -219,7 +246,7 @@ fn report(
             "new_tokens": s.new_tokens, "plain_tok_s": p.tokens_per_sec(), "spec_tok_s": s.tokens_per_sec(),
             "speedup": speedup, "acceptance_rate": s.acceptance_rate(), "position_acceptance": s.position_acceptance(),
             "tokens_per_target_call": s.tokens_per_target_call(), "cost_ratio": s.cost_ratio(),
-            "predicted_speedup": s.predicted_speedup(), "greedy_match": greedy_match, "device": args.device, "kernels": specdec::cpu::kernels().to_string(),
+            "predicted_speedup": s.predicted_speedup(), "greedy_match": same_text, "coupled": coupled, "device": args.device, "kernels": specdec::cpu::kernels().to_string(),
         });
         println!("{summary}");
     }

@@ -28,6 +28,8 @@ pub struct PlainDecoder<T> {
     stop: StopRule,
     rng: StdRng,
     probs: Vec<f32>,
+    /// Generations started, which key coupled sampling's noise.
+    generations: u64,
 }
 
 impl<T: TargetModel> PlainDecoder<T> {
@@ -39,6 +41,7 @@ impl<T: TargetModel> PlainDecoder<T> {
             sampling,
             stop: StopRule::default(),
             probs: Vec::new(),
+            generations: 0,
         }
     }
 
@@ -81,6 +84,8 @@ impl<T: TargetModel> PlainDecoder<T> {
         check_prompt(prompt, vocab)?;
         self.stop.check(vocab)?;
         let mut stats = Stats::default();
+        let noise = self.sampling.noise(self.generations);
+        self.generations += 1;
         let target = &mut self.target;
         timed(&mut stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
@@ -109,7 +114,10 @@ impl<T: TargetModel> PlainDecoder<T> {
                 argmax(logits.row(0))?
             } else {
                 self.sampling.probs(logits.row(0), &mut self.probs)?;
-                sample(&self.probs, &mut self.rng)?
+                match &noise {
+                    Some(noise) => noise.pick(&self.probs, ctx.len() as u64)?,
+                    None => sample(&self.probs, &mut self.rng)?,
+                }
             };
             ctx.push(token);
             stats.new_tokens += 1;

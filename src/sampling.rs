@@ -28,6 +28,7 @@ pub struct SamplingConfig {
     top_k: Option<usize>,
     top_p: Option<f32>,
     seed: u64,
+    coupled: bool,
 }
 
 impl Default for SamplingConfig {
@@ -40,7 +41,7 @@ impl Default for SamplingConfig {
 impl SamplingConfig {
     /// Greedy decoding (temperature 0).
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0 }
+        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0, coupled: false }
     }
 
     /// Sampling at `temperature` (0 = greedy).
@@ -82,6 +83,28 @@ impl SamplingConfig {
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
+    }
+
+    /// Coupled sampling: every token is drawn from noise fixed by the seed, the generation's
+    /// index and the token's position (see [`Noise`](crate::kernel::Noise)), and drafts are
+    /// judged by agreement under that noise. The distribution is the target's as always, and
+    /// the text is then the same for a seed whatever the drafter, k (adaptive included), tree
+    /// setting or batch: speculative output equals the plain decoder's in this mode token for
+    /// token. The price is a lower acceptance of sampled drafts (the module docs give the
+    /// bound); greedy decoding is unaffected. Rounds draft chains in this mode, never trees.
+    pub fn coupled(mut self) -> Self {
+        self.coupled = true;
+        self
+    }
+
+    /// The noise of generation `generation` when sampling is coupled and not greedy.
+    pub(crate) fn noise(&self, generation: u64) -> Option<crate::kernel::Noise> {
+        (self.coupled && !self.is_greedy()).then(|| crate::kernel::Noise::new(self.seed, generation))
+    }
+
+    /// True for [`coupled`](Self::coupled) sampling.
+    pub fn is_coupled(&self) -> bool {
+        self.coupled
     }
 
     /// The temperature (0 = greedy).

@@ -124,7 +124,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 
     /// Starts a new block.
     pub fn new_block(&mut self) {
-        self.block.clear();
+        // Each request is one generation: coupled noise is that of generation 0 of its seed.
+        self.block.clear(self.ctx.len(), self.sampling.noise(0));
         self.drafting = true;
     }
 

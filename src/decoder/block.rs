@@ -5,7 +5,7 @@
 use rand::Rng;
 
 use crate::error::{Error, Result};
-use crate::kernel::{self, DraftRow, Verdict};
+use crate::kernel::{self, DraftRow, Noise, Verdict};
 use crate::model::{Logits, Proposal};
 use crate::sampling::{argmax, sample, SamplingConfig};
 
@@ -16,13 +16,19 @@ pub(crate) struct ChainBlock {
     dense: Vec<bool>,
     /// Reused from block to block.
     q_rows: Vec<Vec<f32>>,
+    /// Coupled sampling's noise (see [`Noise`]), and the context position of the first token.
+    noise: Option<Noise>,
+    first: u64,
 }
 
 impl ChainBlock {
-    /// Empties the block for the next round.
-    pub fn clear(&mut self) {
+    /// Empties the block for the next round, whose first token lands at `first` in the
+    /// context; `noise` for coupled sampling.
+    pub fn clear(&mut self, first: usize, noise: Option<Noise>) {
         self.tokens.clear();
         self.dense.clear();
+        self.noise = noise;
+        self.first = first as u64;
     }
 
     /// The drafted tokens.
@@ -31,7 +37,8 @@ impl ChainBlock {
     }
 
     /// Turns the draft's proposal into the block's next token: sampled from q with `sampling`
-    /// and `rng`, unless greedy or a point mass. False when the draft proposed nothing.
+    /// and `rng` (or the winner of the coupled race on q), unless greedy or a point mass.
+    /// False when the draft proposed nothing.
     pub fn push<R: Rng + ?Sized>(
         &mut self,
         proposal: Proposal,
@@ -48,6 +55,11 @@ impl ChainBlock {
                 return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
             }
             Proposal::Logits(row) if sampling.is_greedy() => (argmax(&row)?, false),
+            Proposal::Logits(row) if self.noise.is_some() => {
+                sampling.probs(&row, &mut self.q_rows[i])?;
+                let noise = self.noise.as_ref().expect("checked");
+                (noise.pick(&self.q_rows[i], self.first + i as u64)?, false)
+            }
             Proposal::Logits(row) => {
                 sampling.probs(&row, &mut self.q_rows[i])?;
                 (sample(&self.q_rows[i], rng)?, true)
@@ -62,7 +74,8 @@ impl ChainBlock {
     }
 
     /// Judges the block against the target's rows for the pending token and each draft (one
-    /// more row than drafts), with the same settings the drafts were sampled with.
+    /// more row than drafts), with the same settings the drafts were sampled with. Coupled
+    /// blocks are judged by agreement with the target's race winners.
     pub fn judge<R: Rng + ?Sized>(
         &self,
         logits: &Logits,
@@ -78,6 +91,13 @@ impl ChainBlock {
         }
         if sampling.is_greedy() {
             return kernel::verify_greedy(&self.tokens, |i| argmax(logits.row(i)));
+        }
+        if let Some(noise) = &self.noise {
+            let mut p = Vec::new();
+            return kernel::verify_greedy(&self.tokens, |i| {
+                sampling.probs(logits.row(i), &mut p)?;
+                noise.pick(&p, self.first + i as u64)
+            });
         }
         let q: Vec<DraftRow> = (self.dense.iter().zip(&self.q_rows))
             .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })

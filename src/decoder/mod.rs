@@ -14,7 +14,7 @@ pub(crate) use block::ChainBlock;
 use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 use crate::draft::TreeBudget;
 use crate::error::{Error, Result};
-use crate::kernel::Verdict;
+use crate::kernel::{Noise, Verdict};
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::SamplingConfig;
 use crate::stats::{FinishReason, Generation, Stats};
@@ -167,6 +167,8 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             stats: Stats::default(),
             ready: false,
             block: ChainBlock::default(),
+            generations: 0,
+            noise: None,
         })
     }
 }
@@ -178,7 +180,9 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
 /// drive it round by round. The random number generator carries on from one generation to the
 /// next; with a fixed k (`.k(n)`), a decoder built with the same seed repeats the same sequence
 /// of generations. Under the default [`KPolicy::Adaptive`], k follows the measured times, and
-/// with random sampling the draws follow k, so only greedy output is reproducible. The k
+/// with random sampling the draws follow k, so only greedy output is reproducible; with
+/// [`SamplingConfig::coupled`] the text depends on the seed alone (generation n of a decoder
+/// equals generation n of a [`PlainDecoder`](crate::PlainDecoder) with the same settings). The k
 /// controller, too, carries what it learned from one generation to the next (its estimates,
 /// and whether it stopped probing a draft too slow to pay; see [`KController`]).
 ///
@@ -199,6 +203,9 @@ pub struct SpeculativeDecoder<D, T> {
     stats: Stats,
     ready: bool,
     block: ChainBlock,
+    /// Generations started, which key coupled sampling's noise.
+    generations: u64,
+    noise: Option<Noise>,
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
@@ -259,6 +266,8 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         self.ctx = prompt.to_vec();
         self.prompt_len = prompt.len();
         self.stats = Stats::default();
+        self.noise = self.sampling.noise(self.generations);
+        self.generations += 1;
         self.finish = self.stop.finish(&[]);
         let head = &prompt[..prompt.len() - 1];
         // A draft the controller has given up on is not fed the prompt: it is not expected to
@@ -365,7 +374,9 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let remaining = self.stop.max_new_tokens - (self.ctx.len() - self.prompt_len);
         let start = Instant::now();
         let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
-            Some(b) if remaining > 1 => (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true),
+            Some(b) if remaining > 1 && self.noise.is_none() => {
+                (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true)
+            }
             _ => (self.chain_round(remaining)?, false),
         };
         self.shape.observe(tree, verdict.tokens.len(), start.elapsed().as_secs_f64());
@@ -421,7 +432,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// Drafts up to `k` tokens into `self.block`.
     fn draft_block(&mut self, k: usize) -> Result<()> {
         let vocab = self.target.vocab_size();
-        self.block.clear();
+        self.block.clear(self.ctx.len(), self.noise);
         for _ in 0..k {
             let feed = match self.block.tokens().last() {
                 Some(t) => std::slice::from_ref(t),
