@@ -126,8 +126,11 @@ pub unsafe fn matmul(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<u
 fn check(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: &Range<usize>) {
     let full = w.rows / TILE * TILE;
     let tiles_whole = cols.start.is_multiple_of(TILE) && (cols.end.is_multiple_of(TILE) || cols.end >= full);
+    // Checked products: a wrapped `m * cols` would pass for a huge `m` and let the kernels run
+    // past both buffers.
+    let fits = |len: usize, n: usize| m.checked_mul(n).is_some_and(|need| len >= need);
     assert!(
-        x.len() >= m * w.cols && out.len() >= m * w.rows && cols.start <= cols.end && cols.end <= w.rows && tiles_whole,
+        fits(x.len(), w.cols) && fits(out.len(), w.rows) && cols.start <= cols.end && cols.end <= w.rows && tiles_whole,
         "matmul sizes"
     );
 }
