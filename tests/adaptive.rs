@@ -334,8 +334,10 @@ fn greedy_with_a_k_policy_equals_plain_greedy() -> Result<()> {
 
 const PROMPT: [u32; 3] = [2, 0, 5];
 
-/// Checks adaptive decoding of the order-2 toy target at temperature 1 through `model`.
-fn check_adaptive<T: TargetModel>(name: &str, model: T, target: &MarkovModel) -> Result<()> {
+/// Checks adaptive decoding of the order-2 toy target at temperature 1 through `model`, and
+/// that the controller drafted at least `min_mean_k` tokens per round on average (so that the
+/// battery exercised the adaptive path, not plain decoding).
+fn check_adaptive<T: TargetModel>(name: &str, model: T, target: &MarkovModel, min_mean_k: f64) -> Result<()> {
     let cfg = SamplingConfig::new(1.0)?;
     let mut dec = SpeculativeDecoder::builder(target.noisy_copy(0.3, 22), model)
         .k_policy(KPolicy::Adaptive { max: 4 })
@@ -345,6 +347,8 @@ fn check_adaptive<T: TargetModel>(name: &str, model: T, target: &MarkovModel) ->
         .build()?;
     let total = check_windows(&format!("adaptive k, {name}"), &mut dec, target, &cfg, &PROMPT, 4, 60_000)?;
     eprintln!("adaptive k, {name}: {:.2} drafted per round, α = {:.3}", total.mean_k(), total.position_acceptance());
+    assert!(total.accepted > 0 && total.rejections > 0, "adaptive k, {name}: one outcome never seen: {total:?}");
+    assert!(total.mean_k() >= min_mean_k, "adaptive k, {name}: mean k {:.2} < {min_mean_k}", total.mean_k());
     Ok(())
 }
 
@@ -355,8 +359,12 @@ fn sequences_with_adaptive_k_follow_the_target() -> Result<()> {
     // plain toy target a draft call costs about as much as a target call, so the controller
     // mostly decodes plainly and probes; with the costly one it drafts long blocks.
     let target = MarkovModel::random(6, 2, 21);
-    check_adaptive("toy target", target.clone(), &target)?;
-    check_adaptive("costly target", costly(target.clone()), &target)
+    // The costly target's calls do 2,000 steps of busy work (plus 200 a row), its draft a toy
+    // model's few: the controller must draft long blocks (k is capped at 4 and the generations
+    // at 7 tokens). The cheap target drafts only in its probes (0.01-0.03 tokens a round);
+    // it must still see both outcomes.
+    check_adaptive("toy target", target.clone(), &target, 0.0)?;
+    check_adaptive("costly target", costly(target.clone()), &target, 1.5)
 }
 
 #[test]

@@ -103,7 +103,12 @@ fn check_sequences<D: DraftModel>(
         .seed(1000 + k as u64)
         .max_new_tokens(k + 3)
         .build()?;
-    check_windows(&format!("{name}, k = {k}"), &mut dec, target, cfg, &PROMPT, k, SAMPLES)?;
+    let what = format!("{name}, k = {k}");
+    let stats = check_windows(&what, &mut dec, target, cfg, &PROMPT, k, SAMPLES)?;
+    // A decoder that stopped drafting, or rejected (or accepted) every draft, would pass the
+    // windows as plain decoding: each case must draft and see both outcomes.
+    assert!(stats.drafted >= SAMPLES / 4, "{what}: drafted too little: {stats:?}");
+    assert!(stats.accepted > 0 && stats.rejections > 0, "{what}: one outcome never seen: {stats:?}");
     Ok(())
 }
 
