@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, settings};
+use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, reference_law, settings};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
@@ -190,4 +190,40 @@ fn sequence_power_resampling_from_p_is_rejected() -> Result<()> {
 fn sequences_on_the_seed_style_pair_follow_the_target() -> Result<()> {
     let (target, draft) = MarkovModel::pair(VOCAB, 0.6, 41);
     check_sequences("seed-style pair", draft, &target, &SamplingConfig::new(1.0)?, 3)
+}
+
+/// `SamplingConfig::probs` against the test's own reference law, on random rows with few
+/// distinct logits (ties at the top-k and top-p cuts) and masked tokens, for greedy and four
+/// temperatures with and without top-k and top-p. The batteries take their expected laws from
+/// the reference, so they check the settings' semantics, not only "speculative equals plain".
+#[test]
+fn sampling_settings_match_an_independent_reference_law() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(5);
+    for case in 0..3_000 {
+        let n = rng.random_range(1..12usize);
+        let logits: Vec<f32> = (0..n)
+            .map(|_| if rng.random_bool(0.1) { f32::NEG_INFINITY } else { rng.random_range(0..4u32) as f32 * 0.5 })
+            .collect();
+        if logits.iter().all(|&x| x == f32::NEG_INFINITY) {
+            continue;
+        }
+        let mut cfg = SamplingConfig::new([0.0, 0.3, 0.7, 1.0, 1.5][case % 5])?;
+        if rng.random_bool(0.5) {
+            cfg = cfg.with_top_k(rng.random_range(1..=n))?;
+        }
+        if rng.random_bool(0.5) {
+            cfg = cfg.with_top_p(rng.random_range(0.05..1.0f32))?;
+        }
+        let want = reference_law(&logits, &cfg);
+        let mut got = Vec::new();
+        cfg.probs(&logits, &mut got)?;
+        let total: f64 = got.iter().map(|&p| p as f64).sum();
+        for (i, (&w, &g)) in want.iter().zip(&got).enumerate() {
+            let g = g as f64 / total;
+            let what = format!("case {case}, token {i}: {logits:?}, {cfg:?}: {want:?} vs {got:?}");
+            assert_eq!(w > 0.0, g > 0.0, "support differs: {what}");
+            assert!((w - g).abs() < 1e-5, "{what}");
+        }
+    }
+    Ok(())
 }

@@ -357,15 +357,25 @@ mod tests {
         let mut picker = ChildPicker::new(&sampling, &mut rng);
         let logits = [0.0f32, 3.0, 1.0, 2.0, -1.0];
         let mut firsts = [0usize; 5];
-        for _ in 0..2_000 {
+        for _ in 0..20_000 {
             let kids = picker.pick(&logits, 3)?;
             assert!(kids[0].row.is_some() && kids[1..].iter().all(|c| c.row.is_none()));
             assert_eq!(kids.len(), 3);
             assert!(kids.iter().all(|c| [1, 2, 3].contains(&c.token)), "top-k 3 rules out the rest");
             firsts[kids[0].token as usize] += 1;
         }
-        // Draws follow softmax over {1, 2, 3}: about 67 %, 9 %, 24 %.
-        assert!(firsts[1] > 1_200 && firsts[2] > 100 && firsts[3] > 350, "{firsts:?}");
+        // Draws follow softmax over {1, 2, 3}. Pearson's chi-square on 2 degrees of freedom is
+        // exponential with mean 2, so 2·ln(10^6) = 27.6 is its 1e-6 critical value.
+        let z: f64 = [3.0f64, 1.0, 2.0].iter().map(|x| x.exp()).sum();
+        let law = [0.0, 3f64.exp() / z, 1f64.exp() / z, 2f64.exp() / z, 0.0];
+        let chi_square = |law: &[f64]| -> f64 {
+            let e = |i: usize| law[i] * 20_000.0;
+            [1, 2, 3].iter().map(|&i| (firsts[i] as f64 - e(i)).powi(2) / e(i)).sum()
+        };
+        assert!(chi_square(&law) < 27.6, "{firsts:?} against {law:?}");
+        // Power at this sample size: a law off by two points (9 % read as 11 %) is rejected.
+        let biased = [0.0, law[1] - 0.02, law[2] + 0.02, law[3], 0.0];
+        assert!(chi_square(&biased) > 27.6, "{firsts:?} passes against {biased:?}");
         Ok(())
     }
 }

@@ -74,13 +74,40 @@ pub fn assert_rejects(what: &str, counts: &[u64], probs: &[f64]) {
     );
 }
 
-/// The row `target` samples from after `context`, processed by `cfg`, in f64.
+/// The row `target` samples from after `context` with `cfg`, from [`reference_law`] (so that
+/// the batteries' expected laws do not rest on the crate's own `SamplingConfig::probs`).
 pub fn processed_row(target: &MarkovModel, cfg: &SamplingConfig, context: &[u32]) -> Vec<f64> {
     let logits: Vec<f32> = target.next_probs(context).iter().map(|p| p.ln()).collect();
-    let mut probs = Vec::new();
-    cfg.probs(&logits, &mut probs).expect("toy rows are finite");
-    let total: f64 = probs.iter().map(|&p| p as f64).sum();
-    probs.iter().map(|&p| p as f64 / total).collect()
+    reference_law(&logits, cfg)
+}
+
+/// Temperature, top-k and top-p as their definitions say, written apart from the crate's
+/// `SamplingConfig::probs` and in f64: rank the tokens by logit (ties: the lower id first);
+/// keep the first k; weights `exp((x − max) / T)`; keep the shortest ranked prefix whose share
+/// of the kept mass reaches p; normalize. Temperature 0 is the one-hot row of the first ranked.
+pub fn reference_law(logits: &[f32], cfg: &SamplingConfig) -> Vec<f64> {
+    let mut ranked: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] > f32::NEG_INFINITY).collect();
+    ranked.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let mut law = vec![0.0; logits.len()];
+    if cfg.is_greedy() {
+        law[ranked[0]] = 1.0;
+        return law;
+    }
+    ranked.truncate(cfg.top_k().unwrap_or(usize::MAX));
+    let max = logits[ranked[0]] as f64;
+    let t = cfg.temperature() as f64;
+    let weight = |i: usize| ((logits[i] as f64 - max) / t).exp();
+    let total: f64 = ranked.iter().map(|&i| weight(i)).sum();
+    let (mut kept, mut mass) = (0.0, 0.0);
+    for &i in &ranked {
+        law[i] = weight(i);
+        kept += law[i];
+        mass += law[i] / total;
+        if mass >= cfg.top_p().map_or(f64::INFINITY, f64::from) {
+            break;
+        }
+    }
+    law.iter().map(|w| w / kept).collect()
 }
 
 /// The exact distribution of generated tokens `start..start + len` when `target` (order at most 2)
