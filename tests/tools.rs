@@ -146,15 +146,24 @@ fn speculative_panic_does_not_leak() -> Result<()> {
 
 #[test]
 fn speculative_timeout_does_not_leak() -> Result<()> {
+    // The speculative run blocks until the test has its answer, so it cannot finish in time
+    // however slow or loaded the machine (no race against the wall clock).
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let count = AtomicUsize::new(0);
     let mut reg = Registry::new();
-    flaky(&mut reg, "slow", || {
-        thread::sleep(Duration::from_secs(2));
-        Ok(json!("too late"))
+    reg.register("slow", Safety::ReadOnly, move |args| {
+        if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = gate.lock().map(|g| g.recv());
+            return Ok(json!("too late"));
+        }
+        Ok(json!({"real": args.clone()}))
     })?;
     let mut exec = Executor::new(reg).timeout(Duration::from_millis(20));
     let call = ToolCall::new("slow", json!(null));
     exec.speculate(&call)?;
     let done = exec.execute(&call)?;
+    let _ = release.send(());
     assert_eq!(done.outcome, Outcome::Fallback("timed out".into()));
     assert_eq!(done.value, json!({"real": null}));
     Ok(())
