@@ -81,8 +81,18 @@ fn load_reason(r: Result<impl Sized>) -> String {
 
 #[test]
 fn the_hand_built_header_loads() -> Result<()> {
-    let data = [0u8; 32];
-    load_gguf(&gguf(&llama_meta(), &[("token_embd.weight", &[8], F32, 0)], &data), &["token_embd.weight"])
+    // The header the other cases corrupt must read back as written, or they test nothing.
+    let data: Vec<u8> = (0..8).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    let bytes = gguf(&llama_meta(), &[("token_embd.weight", &[8], F32, 0)], &data);
+    load_gguf(&bytes, &["token_embd.weight"])?;
+    let mut file = GgufFile::from_bytes(bytes)?;
+    let c = file.config()?;
+    let sizes = (c.hidden_size, c.intermediate_size, c.num_heads, c.num_layers, c.max_context);
+    assert_eq!(sizes, (8, 8, 2, 1, 8));
+    assert_eq!(c.head_dim, 4);
+    let values = file.tensor("token_embd.weight", &Device::Cpu)?.dequantize(&Device::Cpu)?.to_vec1::<f32>()?;
+    assert_eq!(values, (0..8).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
+    Ok(())
 }
 
 #[test]
