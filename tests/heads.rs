@@ -216,7 +216,13 @@ fn check_head_windows<D: DraftModel, T: TargetModel>(
     Ok((drafted, accepted))
 }
 
-const SAMPLES: usize = 1500;
+/// Generations per battery case. What it can see (Pearson's chi-square on the 2-token windows,
+/// about 8 degrees of freedom under top-k 3, critical value 42.7 at 1e-6): a shift of δ
+/// between two cells of probability p1, p2 is caught half the time when
+/// n·δ²·(1/p1 + 1/p2) reaches 35.7, so 3 points between two 20 % cells, 4 points between 40 %
+/// and 30 %, 1.7 points between 10 % and 5 % (a 1-point shift would take about 36,000
+/// generations a case, 15 minutes here). The nudged target below moves far more.
+const SAMPLES: usize = 4000;
 
 /// A prompt after which the stories model's next tokens are far from certain ("R…": its top
 /// three tokens at the first two positions each hold 24–42 % under top-k 3).

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rand_distr::StandardNormal;
 use serde_json::json;
 use specdec::LlamaConfig;
 
@@ -18,9 +21,19 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+thread_local! {
+    /// Tensors drawn so far on this thread: the seed of the next (each test runs on a thread
+    /// of its own, so its heads are the same on every run).
+    static DRAWN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Seeded normal weights scaled by `scale / √fan_in`.
 fn rand(shape: &[usize], scale: f32) -> Tensor {
-    let fan_in = *shape.last().unwrap_or(&1) as f32;
-    (Tensor::randn(0f32, 1f32, shape, &Device::Cpu).expect("randn") * f64::from(scale / fan_in.sqrt())).expect("scale")
+    let seed = DRAWN.with(|n| n.replace(n.get() + 1));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let std = scale / (*shape.last().unwrap_or(&1) as f32).sqrt();
+    let values: Vec<f32> = (0..shape.iter().product()).map(|_| rng.sample::<f32, _>(StandardNormal) * std).collect();
+    Tensor::from_vec(values, shape, &Device::Cpu).expect("tensor")
 }
 
 fn ones(n: usize) -> Tensor {
