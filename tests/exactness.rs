@@ -60,6 +60,42 @@ fn single_step_power_resampling_from_p_is_rejected() -> Result<()> {
     Ok(())
 }
 
+/// Power near the detection limit: the accept test reads q(2) 7 % too high (the draft still
+/// samples from the true q). The emitted law then moves by a noncentrality
+/// λ = n·Σ (e − p)²/p ≈ 86 at n = 200,000; Pearson's statistic on 5 degrees of freedom
+/// (critical value 35.9 at 1e-6) catches a shift half the time from λ = 31.9, that is from a
+/// misread of about 4.5 %. So the single-step battery sees draft-probability errors of a few
+/// percent.
+#[test]
+fn single_step_power_a_draft_probability_misread_by_7_percent_is_rejected() -> Result<()> {
+    let n = 200_000;
+    let mut misread = Q;
+    misread[2] *= 1.07;
+    // The law this bug emits: t ~ q stands with a(t) = min(1, p(t)/q'(t)), else the residual
+    // max(0, p − q') (q' the misread row, normalized) is drawn.
+    let total: f64 = misread.iter().map(|&x| x as f64).sum();
+    let q_read: Vec<f64> = misread.iter().map(|&x| x as f64 / total).collect();
+    let accept: Vec<f64> = p64().iter().zip(&q_read).map(|(p, q)| (p / q).min(1.0)).collect();
+    let reject: f64 = Q.iter().zip(&accept).map(|(&q, a)| q as f64 * (1.0 - a)).sum();
+    let residual: Vec<f64> = p64().iter().zip(&q_read).map(|(p, q)| (p - q).max(0.0)).collect();
+    let mass: f64 = residual.iter().sum();
+    let emitted: Vec<f64> = (0..6).map(|s| Q[s] as f64 * accept[s] + reject * residual[s] / mass).collect();
+    let lambda: f64 = emitted.iter().zip(p64()).map(|(e, p)| n as f64 * (e - p).powi(2) / p).sum();
+    assert!((60.0..120.0).contains(&lambda), "λ = {lambda:.1}: no longer near the detection limit");
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut counts = vec![0u64; P.len()];
+    for _ in 0..n {
+        let t = sample(&Q, &mut rng)?;
+        let token = match kernel::judge(&P, DraftRow::Dense(&misread), t, &mut rng)? {
+            Judgement::Accept => t,
+            Judgement::Reject(r) => r,
+        };
+        counts[token as usize] += 1;
+    }
+    assert_rejects("q(2) misread by 7 %", &counts, &p64());
+    Ok(())
+}
+
 #[test]
 fn single_step_power_mismatched_draft_processing_is_rejected() -> Result<()> {
     // The draft samples from its tempered row but the accept test sees the untempered one.
