@@ -12,8 +12,8 @@ use common::{assert_fits, assert_rejects, cell, exact_window, settings};
 use specdec::batch::{BatchDecoder, BatchPolicy, Request};
 use specdec::toy::MarkovModel;
 use specdec::{
-    Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig, TargetModel,
-    WeightFormat,
+    BatchTarget, Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig,
+    TargetModel, WeightFormat,
 };
 use std::sync::Arc;
 
@@ -263,5 +263,64 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
     let (recovered, one) = run(4)?;
     assert_eq!((none, one), (0, 1));
     assert_eq!(clean, recovered);
+    Ok(())
+}
+
+/// A batch bug, injected: the batched pass hands sequence 0 the rows of sequence 1 and back
+/// (whenever the two calls have as many rows).
+#[derive(Clone)]
+struct Swapping(MarkovModel);
+
+impl TargetModel for Swapping {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab()
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context_len()
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.0.forward(tokens, rows)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TargetModel::truncate(&mut self.0, len)
+    }
+}
+
+impl BatchTarget for Swapping {
+    fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {
+        let mut out: Vec<Logits> = models
+            .iter_mut()
+            .zip(calls)
+            .map(|(m, &(tokens, rows))| m.0.forward(tokens, rows))
+            .collect::<Result<_>>()?;
+        if out.len() >= 2 && out[0].rows() == out[1].rows() {
+            out.swap(0, 1);
+        }
+        Ok(out)
+    }
+}
+
+#[test]
+fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.6, 22);
+    let prompts = [vec![2, 0, 5], vec![1, 4, 3]];
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| Ok(PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(12).generate(p)?.tokens))
+        .collect::<Result<_>>()?;
+    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2)] {
+        let mut batch = BatchDecoder::new(policy)?;
+        for p in &prompts {
+            batch.add(draft.clone(), Swapping(target.clone()), Request::new(p.clone()).max_new_tokens(12))?;
+        }
+        let mut done = batch.run()?;
+        done.sort_by_key(|f| f.id);
+        let got: Vec<Vec<u32>> = done.into_iter().map(|f| f.generation.tokens).collect();
+        assert_ne!(got, plain, "{policy:?}: swapped rows went unnoticed");
+    }
     Ok(())
 }
