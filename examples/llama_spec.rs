@@ -26,7 +26,8 @@ struct Args {
     /// GGUF files are llama), Phi-3 (GGUF).
     #[arg(long)]
     target: Option<String>,
-    /// Draft model (same kinds as --target); short for `--drafter model:DRAFT`.
+    /// Draft model (same kinds as --target); short for `--drafter model:DRAFT` (with
+    /// `--drafter ngram+model`, the model of that pair).
     #[arg(long)]
     draft: Option<String>,
     /// Build the draft by quantizing the target's weights (q8_0, q4_0, q4_1, q4k, ...); short
@@ -34,7 +35,8 @@ struct Args {
     #[arg(long)]
     draft_quant: Option<String>,
     /// The drafter: model[:PATH] (default: the target file's weights as stored), ngram
-    /// (prompt lookup), layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
+    /// (prompt lookup), ngram+model[:PATH] (lookup where the context repeats itself, the model
+    /// elsewhere), layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
     /// on the target's hidden states: eagle:PATH, eagle3:PATH, medusa:PATH (a folder with
     /// config.json and safetensors, or a hub id; scripts/train-heads.sh trains them).
     #[arg(long, default_value = "model")]
@@ -127,11 +129,13 @@ fn main() -> Result<()> {
     let (target_w, tokenizer) =
         target_files.load(target_format, &device).with_context(|| format!("loading target {target_spec}"))?;
 
-    let spec: DrafterSpec = match (&args.draft, &args.draft_quant) {
-        (Some(path), _) => DrafterSpec::Model(Some(path.clone())),
-        (None, Some(q)) => DrafterSpec::Quant(q.parse()?),
-        (None, None) if args.drafter == "model" => DrafterSpec::Model(default_draft),
-        _ => args.drafter.parse()?,
+    let spec: DrafterSpec = match (&args.draft, &args.draft_quant, args.drafter.as_str()) {
+        (Some(path), _, "ngram+model") => DrafterSpec::LookupModel(Some(path.clone())),
+        (Some(path), _, _) => DrafterSpec::Model(Some(path.clone())),
+        (None, Some(q), _) => DrafterSpec::Quant(q.parse()?),
+        (None, None, "model") => DrafterSpec::Model(default_draft),
+        (None, None, "ngram+model") => DrafterSpec::LookupModel(default_draft),
+        (None, None, other) => other.parse()?,
     };
     let mut verifier = Llama::new(target_w.clone())?;
     let drafter = Drafter::build(&spec, &target_files, &mut verifier, &tokenizer, &device)

@@ -58,7 +58,8 @@
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
 //! - [`batch`]: [`BatchDecoder`], several sequences per target pass, and [`BatchPolicy`], the
 //!   k of each that pays at the batch's size.
-//! - [`draft`]: [`Drafter`] (chosen at run time) and [`NGramDraft`] (prompt lookup).
+//! - [`draft`]: [`Drafter`] (chosen at run time), [`NGramDraft`] (prompt lookup) and
+//!   [`LookupOr`] (lookup where it matches, a model elsewhere).
 //! - [`heads`]: EAGLE-1/2, EAGLE-3 and Medusa draft heads on the target's hidden states.
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings and the seed's speedup formulas.
@@ -92,7 +93,7 @@ pub mod toy;
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
-pub use draft::{DraftTree, Drafter, DrafterSpec, NGramDraft, TreeBudget};
+pub use draft::{DraftTree, Drafter, DrafterSpec, LookupOr, NGramDraft, TreeBudget};
 pub use error::{Error, Result};
 pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};

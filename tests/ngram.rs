@@ -5,8 +5,9 @@
 mod common;
 
 use common::check_windows;
+use common::settings;
 use specdec::toy::MarkovModel;
-use specdec::{KPolicy, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
+use specdec::{KPolicy, LookupOr, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
 
 /// Repeats "2 0 5" and holds every token of the vocabulary of 6 before its last position, so
 /// that (with min_n = 1) every context has a match and the drafter always proposes.
@@ -72,6 +73,47 @@ fn sequences_with_ngram_drafts_follow_the_target() -> Result<()> {
             eprintln!("{name}, k = {k}: {:.2} drafted per round, per-position acceptance {alpha:.3}", drafted / rounds);
             // Both outcomes of the kernel are exercised, many times over.
             assert!((0.05..0.95).contains(&alpha), "{name}, k = {k}: {total:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn greedy_with_lookup_or_model_drafts_equals_plain_greedy() -> Result<()> {
+    for seed in 0..20u64 {
+        let vocab = 4 + (seed as usize % 13);
+        let target = MarkovModel::random(vocab, 1 + (seed as usize % 2), seed);
+        let motif: Vec<u32> = (0..3 + seed % 4).map(|i| ((i * 5 + seed) % vocab as u64) as u32).collect();
+        let prompt: Vec<u32> = motif.iter().cycle().take(3 * motif.len() + 1).copied().collect();
+        let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(60).generate(&prompt)?;
+        for policy in [KPolicy::Fixed(1), KPolicy::Fixed(5), KPolicy::Adaptive { max: 6 }] {
+            let draft = LookupOr::new(target.noisy_copy(0.5, seed + 100))?;
+            let mut dec =
+                SpeculativeDecoder::builder(draft, target.clone()).k_policy(policy).max_new_tokens(60).build()?;
+            let out = dec.generate(&prompt)?;
+            assert_eq!(out.tokens, plain.tokens, "seed {seed}, {policy:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Lookup where the context repeats, the model's sampled rows elsewhere, mixed within blocks:
+/// the target's law at 1e-6, every sampling setting.
+#[test]
+fn sequences_with_lookup_or_model_drafts_follow_the_target() -> Result<()> {
+    let target = MarkovModel::random(6, 2, 21);
+    for (name, cfg) in settings()? {
+        for k in [2, 5] {
+            let draft = LookupOr::new(target.noisy_copy(0.6, 22))?;
+            let mut dec = SpeculativeDecoder::builder(draft, target.clone())
+                .k(k)
+                .sampling(cfg.clone())
+                .seed(2100 + k as u64)
+                .max_new_tokens(k + 3)
+                .build()?;
+            let what = format!("lookup or model, {name}, k = {k}");
+            let total = check_windows(&what, &mut dec, &target, &cfg, &PROMPT, k, 60_000)?;
+            assert!(total.accepted > 0 && total.rejections > 0 && total.drafted >= 60_000, "{what}: {total:?}");
         }
     }
     Ok(())

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::models::{model_path, QWEN_0_5B, QWEN_1_5B};
 use specdec::{
-    Drafter, Engine, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig,
-    SpeculativeDecoder, Tokenizer, WeightFormat,
+    Drafter, Engine, Generation, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, PlainDecoder, Result,
+    SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat,
 };
 
 /// The model as stored, on the native engine at every SIMD level (`Engine::Auto` would pick
@@ -120,6 +120,7 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
             ("0.5B, k = 3", Drafter::Model(Llama::new(draft.clone())?), Some(3)),
             ("0.5B, adaptive k", Drafter::Model(Llama::new(draft.clone())?), None),
             ("n-gram, k = 4", Drafter::NGram(NGramDraft::new(vocab)?), Some(4)),
+            ("n-gram or 0.5B, k = 4", Drafter::Lookup(LookupOr::new(Llama::new(draft.clone())?)?), Some(4)),
         ];
         for (what, drafter, k) in drafters {
             let mut builder = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)

@@ -2,6 +2,7 @@
 //! [`Drafter`], the run-time choice between a model draft and the n-gram drafter.
 
 mod expand;
+mod lookup;
 pub mod ngram;
 pub mod tree;
 
@@ -12,6 +13,7 @@ use candle_core::Device;
 
 pub use expand::expand_tree;
 pub(crate) use expand::grow;
+pub use lookup::LookupOr;
 pub use ngram::NGramDraft;
 pub use tree::{Child, ChildPicker, DraftTree, TreeBudget};
 
@@ -30,6 +32,9 @@ pub enum DrafterSpec {
     Model(Option<String>),
     /// `ngram`: prompt lookup, no model.
     NGram,
+    /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID`: lookup where the context has a match of
+    /// 3 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
+    LookupModel(Option<String>),
     /// `layerskip:N`: the target's first N blocks, sharing its weights.
     LayerSkip(usize),
     /// `quant:TYPE`: the target's weights re-quantized at load (`q8_0`, `q4_0`, `q4k`, …).
@@ -50,6 +55,7 @@ impl FromStr for DrafterSpec {
         match (kind, arg) {
             ("model", a) => Ok(Self::Model(a.map(str::to_string))),
             ("ngram", None) => Ok(Self::NGram),
+            ("ngram+model", a) => Ok(Self::LookupModel(a.map(str::to_string))),
             ("layerskip", Some(n)) => n
                 .parse()
                 .map(Self::LayerSkip)
@@ -61,7 +67,7 @@ impl FromStr for DrafterSpec {
             _ => Err(Error::setting(
                 "drafter",
                 s,
-                "model[:PATH], ngram, layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH or medusa:PATH",
+                "model[:PATH], ngram, ngram+model[:PATH], layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH or medusa:PATH",
             )),
         }
     }
@@ -73,6 +79,8 @@ impl std::fmt::Display for DrafterSpec {
             Self::Model(None) => write!(f, "model"),
             Self::Model(Some(p)) => write!(f, "model:{p}"),
             Self::NGram => write!(f, "ngram"),
+            Self::LookupModel(None) => write!(f, "ngram+model"),
+            Self::LookupModel(Some(p)) => write!(f, "ngram+model:{p}"),
             Self::LayerSkip(n) => write!(f, "layerskip:{n}"),
             Self::Quant(q) => write!(f, "quant:{q}"),
             Self::Eagle(p) => write!(f, "eagle:{p}"),
@@ -91,6 +99,8 @@ pub enum Drafter {
     Model(Llama),
     /// Prompt lookup.
     NGram(NGramDraft),
+    /// Prompt lookup where it matches, a model elsewhere.
+    Lookup(LookupOr<Llama>),
     /// An EAGLE head.
     Eagle(EagleDraft),
     /// Medusa heads.
@@ -133,15 +143,22 @@ impl Drafter {
             DrafterSpec::NGram => Self::NGram(NGramDraft::new(target.config().vocab_size)?),
             DrafterSpec::LayerSkip(n) => Self::Model(Llama::with_layers(weights, (0..*n).collect())?),
             DrafterSpec::Quant(format) => Self::Model(Llama::new(files.load(*format, device)?.0)?),
-            DrafterSpec::Model(None) => Self::Model(Llama::new(files.load(WeightFormat::Stored, device)?.0)?),
-            DrafterSpec::Model(Some(path)) => {
-                let draft_files = ModelFiles::resolve(path)?;
-                let (weights, draft_tok) = draft_files.load(WeightFormat::Stored, device)?;
-                check_compatible((&draft_files.name(), &draft_tok), (&files.name(), tokenizer))?;
-                Self::Model(Llama::new(weights)?)
+            DrafterSpec::Model(path) => Self::Model(model_draft(path.as_deref(), files, tokenizer, device)?),
+            DrafterSpec::LookupModel(path) => {
+                Self::Lookup(LookupOr::new(model_draft(path.as_deref(), files, tokenizer, device)?)?)
             }
         })
     }
+}
+
+/// The model draft at `path`, checked against the target's tokenizer, or (no path) the
+/// target's own file with its weights as stored.
+fn model_draft(path: Option<&str>, files: &ModelFiles, tokenizer: &Tokenizer, device: &Device) -> Result<Llama> {
+    let Some(path) = path else { return Llama::new(files.load(WeightFormat::Stored, device)?.0) };
+    let draft_files = ModelFiles::resolve(path)?;
+    let (weights, draft_tok) = draft_files.load(WeightFormat::Stored, device)?;
+    check_compatible((&draft_files.name(), &draft_tok), (&files.name(), tokenizer))?;
+    Llama::new(weights)
 }
 
 impl DraftModel for Drafter {
@@ -149,6 +166,7 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => DraftModel::vocab_size(m),
             Self::NGram(n) => n.vocab_size(),
+            Self::Lookup(l) => l.vocab_size(),
             Self::Eagle(e) => e.vocab_size(),
             Self::Medusa(m) => m.vocab_size(),
         }
@@ -158,6 +176,7 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.context_len(),
             Self::NGram(n) => DraftModel::context_len(n),
+            Self::Lookup(l) => l.context_len(),
             Self::Eagle(e) => e.context_len(),
             Self::Medusa(m) => m.context_len(),
         }
@@ -167,6 +186,7 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.propose(tokens),
             Self::NGram(n) => n.propose(tokens),
+            Self::Lookup(l) => l.propose(tokens),
             Self::Eagle(e) => e.propose(tokens),
             Self::Medusa(m) => m.propose(tokens),
         }
@@ -176,6 +196,7 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.truncate(len),
             Self::NGram(n) => DraftModel::truncate(n, len),
+            Self::Lookup(l) => l.truncate(len),
             Self::Eagle(e) => e.truncate(len),
             Self::Medusa(m) => m.truncate(len),
         }
@@ -185,6 +206,7 @@ impl DraftModel for Drafter {
         match self {
             Self::Model(m) => m.propose_tree(tokens, budget, picker),
             Self::NGram(n) => n.propose_tree(tokens, budget, picker),
+            Self::Lookup(l) => l.propose_tree(tokens, budget, picker),
             Self::Eagle(e) => e.propose_tree(tokens, budget, picker),
             Self::Medusa(m) => m.propose_tree(tokens, budget, picker),
         }

@@ -1,0 +1,98 @@
+//! N-gram lookup where the context has a match, a model draft elsewhere: code edits repeat
+//! long spans of the prompt, which lookup drafts for free, while new code needs the model.
+
+use crate::draft::NGramDraft;
+use crate::error::{Error, Result};
+use crate::model::{DraftModel, Proposal};
+
+/// Shortest suffix the lookup matches: shorter matches are too often wrong to stand in for the
+/// model.
+const MIN_MATCH: usize = 3;
+
+/// Proposes the n-gram continuation (a point mass) when the context's last 3 or 4 tokens occurred
+/// before, and the model's row otherwise. The model is fed lazily: the tokens it missed while
+/// lookup drafted go in with its next call, one forward pass for all of them.
+///
+/// Exactness is the kernel's: each position's draft law is the one its proposal states (a
+/// point mass or the model's row), and which of the two a position gets depends only on the
+/// context.
+#[derive(Debug)]
+pub struct LookupOr<D> {
+    lookup: NGramDraft,
+    model: D,
+    ctx: Vec<u32>,
+}
+
+impl<D: DraftModel> LookupOr<D> {
+    /// Lookup first, then `model`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for a model with an empty vocabulary.
+    pub fn new(model: D) -> Result<Self> {
+        let lookup = NGramDraft::with_range(model.vocab_size(), MIN_MATCH, 4)?;
+        Ok(Self { lookup, model, ctx: Vec::new() })
+    }
+
+    /// The model draft.
+    pub fn model(&self) -> &D {
+        &self.model
+    }
+}
+
+impl<D: DraftModel> DraftModel for LookupOr<D> {
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx.len()
+    }
+
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        self.ctx.extend_from_slice(tokens);
+        if let found @ Proposal::Token(_) = self.lookup.propose(tokens)? {
+            return Ok(found);
+        }
+        match self.ctx.get(self.model.context_len()..) {
+            Some(missed) if !missed.is_empty() => self.model.propose(missed),
+            _ => Err(Error::BadModelOutput {
+                model: "draft",
+                what: "context tokens",
+                expected: self.ctx.len(),
+                got: self.model.context_len(),
+            }),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.ctx.truncate(len);
+        DraftModel::truncate(&mut self.lookup, len)?;
+        if self.model.context_len() > len {
+            self.model.truncate(len)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toy::MarkovModel;
+
+    #[test]
+    fn lookup_drafts_repeats_and_the_model_catches_up_in_one_call() -> Result<()> {
+        let mut d = LookupOr::new(MarkovModel::random(8, 1, 3))?;
+        // No earlier occurrence of a 3-token suffix: the model proposes.
+        assert!(matches!(d.propose(&[1, 2, 3, 4])?, Proposal::Logits(_)));
+        assert_eq!(d.model().context_len(), 4);
+        // "2 3 4" occurred, followed by 5: lookup proposes, the model is not fed.
+        assert_eq!(d.propose(&[5, 6, 2, 3, 4])?, Proposal::Token(5));
+        assert_eq!((d.context_len(), d.model().context_len()), (9, 4));
+        // No match: the model takes the 7 tokens it missed at once.
+        assert!(matches!(d.propose(&[7, 7])?, Proposal::Logits(_)));
+        assert_eq!(d.model().context_len(), 11);
+        d.truncate(6)?;
+        assert_eq!((d.context_len(), d.model().context_len()), (6, 6));
+        Ok(())
+    }
+}
