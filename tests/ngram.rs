@@ -7,7 +7,7 @@ mod common;
 use common::check_windows;
 use common::settings;
 use specdec::toy::MarkovModel;
-use specdec::{KPolicy, LookupOr, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
+use specdec::{DraftModel, KPolicy, LookupOr, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
 
 /// Repeats "2 0 5" and holds every token of the vocabulary of 6 before its last position, so
 /// that (with min_n = 1) every context has a match and the drafter always proposes.
@@ -98,10 +98,15 @@ fn greedy_with_lookup_or_model_drafts_equals_plain_greedy() -> Result<()> {
 }
 
 /// Lookup where the context repeats, the model's sampled rows elsewhere, mixed within blocks:
-/// the target's law at 1e-6, every sampling setting.
+/// the target's law at 1e-6, every sampling setting. The prompt ends in a 4-token suffix seen
+/// before ("1 2 0 5", then 1), so blocks start on lookup and turn to the model at the first
+/// token that breaks the motif.
 #[test]
 fn sequences_with_lookup_or_model_drafts_follow_the_target() -> Result<()> {
+    const PROMPT: [u32; 11] = [2, 0, 5, 1, 2, 0, 5, 1, 2, 0, 5];
     let target = MarkovModel::random(6, 2, 21);
+    let mut probe = LookupOr::new(target.noisy_copy(0.6, 22))?;
+    assert_eq!(probe.propose(&PROMPT)?, specdec::Proposal::Token(1), "the prompt starts on lookup");
     for (name, cfg) in settings()? {
         for k in [2, 5] {
             let draft = LookupOr::new(target.noisy_copy(0.6, 22))?;

@@ -55,14 +55,13 @@ impl ChainBlock {
                 return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
             }
             Proposal::Logits(row) if sampling.is_greedy() => (argmax(&row)?, false),
-            Proposal::Logits(row) if self.noise.is_some() => {
-                sampling.probs(&row, &mut self.q_rows[i])?;
-                let noise = self.noise.as_ref().expect("checked");
-                (noise.pick(&self.q_rows[i], self.first + i as u64)?, false)
-            }
             Proposal::Logits(row) => {
                 sampling.probs(&row, &mut self.q_rows[i])?;
-                (sample(&self.q_rows[i], rng)?, true)
+                match &self.noise {
+                    // Coupled drafts are judged by agreement: their q rows are not kept.
+                    Some(noise) => (noise.pick(&self.q_rows[i], self.first + i as u64)?, false),
+                    None => (sample(&self.q_rows[i], rng)?, true),
+                }
             }
         };
         if token as usize >= vocab {

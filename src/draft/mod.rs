@@ -33,7 +33,7 @@ pub enum DrafterSpec {
     /// `ngram`: prompt lookup, no model.
     NGram,
     /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID`: lookup where the context has a match of
-    /// 3 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
+    /// 4 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
     LookupModel(Option<String>),
     /// `layerskip:N`: the target's first N blocks, sharing its weights.
     LayerSkip(usize),

@@ -34,6 +34,13 @@ fn mix(mut z: u64) -> u64 {
 /// The golden-ratio increment of splitmix64.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// The uniform in (0, 1) of `token` in a position's `stream`: splitmix64's output number
+/// `token + 1` from that key.
+fn uniform(stream: u64, token: u32) -> f64 {
+    let bits = mix(stream.wrapping_add((u64::from(token) + 1).wrapping_mul(GAMMA))) >> 11;
+    (bits as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
+}
+
 /// The noise of one generation: a counter-based generator, so a token's uniform depends on
 /// (seed, generation, position, token) alone and never on how many draws were made before it.
 /// (`rand`'s generators are streams; this needs random access, which a keyed hash gives.)
@@ -51,9 +58,12 @@ impl Noise {
 
     /// The uniform in (0, 1) of `token` at `position` (the token's index in the context).
     pub fn uniform(&self, position: u64, token: u32) -> f64 {
-        let stream = mix(self.key ^ mix(position.wrapping_add(GAMMA)));
-        let bits = mix(stream.wrapping_add((u64::from(token) + 1).wrapping_mul(GAMMA))) >> 11;
-        (bits as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
+        uniform(self.stream(position), token)
+    }
+
+    /// The key of one position's uniforms.
+    fn stream(&self, position: u64) -> u64 {
+        mix(self.key ^ mix(position.wrapping_add(GAMMA)))
     }
 
     /// The winner of the exponential race on `probs` (unnormalized, `>= 0`) at `position`.
@@ -75,14 +85,15 @@ impl Noise {
             Some(t) if probs[t] > 0.0 => t,
             _ => return Err(Error::EmptyDistribution),
         };
-        let score = |t: usize| -self.uniform(position, t as u32).ln() / f64::from(probs[t]);
+        let stream = self.stream(position);
+        let score = |t: usize| -uniform(stream, t as u32).ln() / f64::from(probs[t]);
         let (mut best, mut best_score) = (first, score(first));
         for (t, &p) in probs.iter().enumerate() {
             if p <= 0.0 || t == first {
                 continue;
             }
             let bound = 1.0 - f64::from(p) * best_score;
-            if self.uniform(position, t as u32) <= bound {
+            if uniform(stream, t as u32) <= bound {
                 continue;
             }
             let s = score(t);
