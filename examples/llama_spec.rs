@@ -79,7 +79,7 @@ struct Args {
     seed: u64,
     /// How sampled tokens are drawn: coupled (every draw fixed by the seed and the position, so
     /// the text is the same for a seed whatever k or drafter, and equals plain decoding's) or
-    /// standard (min(1, p/q) acceptance, the only mode that drafts trees; --tree selects it).
+    /// standard (min(1, p/q) acceptance).
     #[arg(long, default_value = "coupled")]
     sampling: String,
     /// cpu, cuda or cuda:N.
@@ -102,10 +102,10 @@ fn default_models() -> (String, Option<String>) {
     }
 }
 
-/// Whether sampling runs coupled: as `--sampling` says, but standard for trees.
+/// Whether sampling runs coupled, as `--sampling` says (greedy runs are neither).
 fn coupled(args: &Args) -> Result<bool> {
     match args.sampling.as_str() {
-        "coupled" => Ok(args.tree == "none" && args.temperature > 0.0),
+        "coupled" => Ok(args.temperature > 0.0),
         "standard" => Ok(false),
         other => anyhow::bail!("--sampling {other}: expected coupled or standard"),
     }

@@ -91,7 +91,8 @@ impl SamplingConfig {
     /// the text is then the same for a seed whatever the drafter, k (adaptive included), tree
     /// setting or batch: speculative output equals the plain decoder's in this mode token for
     /// token. The price is a lower acceptance of sampled drafts (the module docs give the
-    /// bound); greedy decoding is unaffected. Rounds draft chains in this mode, never trees.
+    /// bound); greedy decoding is unaffected. Trees are judged by agreement too: a drafted
+    /// child stands when it is the target's race winner at its position.
     pub fn coupled(mut self) -> Self {
         self.coupled = true;
         self

@@ -53,7 +53,7 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
             ("k = 1", KPolicy::Fixed(1), TreePolicy::Never),
             ("k = 4", KPolicy::Fixed(4), TreePolicy::Never),
             ("adaptive k", KPolicy::default(), TreePolicy::Never),
-            ("trees asked for", KPolicy::Fixed(3), TreePolicy::Always(tree)),
+            ("trees", KPolicy::Fixed(3), TreePolicy::Always(tree)),
         ];
         for (how, policy, trees) in policies {
             let what = format!("{name}, sampled draft, {how}");
@@ -64,7 +64,13 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
                 .max_new_tokens(new)
                 .build()?;
             let (drafted, accepted) = assert_equal_runs(&what, &mut spec, &plain)?;
-            assert!(drafted > 0 && accepted > 0 && accepted < drafted, "{what}: {accepted} of {drafted} accepted");
+            // Adaptive k follows the clock, and on toy models (a draft call costs about a target
+            // call) it mostly decodes plainly: only its output is checked. The others must see
+            // drafts accepted and rejected.
+            let fixed = !matches!(policy, KPolicy::Adaptive { .. });
+            assert!(!fixed || (accepted > 0 && accepted < drafted), "{what}: {accepted} of {drafted} accepted");
+            let wants_trees = matches!(trees, TreePolicy::Always(_));
+            assert_eq!(spec.stats().tree_rounds > 0, wants_trees, "{what}: tree rounds");
         }
         let what = format!("{name}, point-mass draft");
         let mut spec = SpeculativeDecoder::builder(PointDraft::new(target.noisy_copy(0.3, 23), 0.3), target.clone())
@@ -175,11 +181,12 @@ fn power_a_biased_race_is_rejected() -> Result<()> {
 mod real {
     use super::common::models::{model_path, GEMMA3, SMOLLM2};
     use specdec::{
-        Drafter, Llama, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, WeightFormat,
+        Drafter, Llama, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TreeBudget,
+        TreePolicy, WeightFormat,
     };
 
-    /// Coupled sampling at temperature 0.8 with top-p: the model draft (adaptive k and k = 4)
-    /// and n-gram lookup give the plain decoder's text.
+    /// Coupled sampling at temperature 0.8 with top-p: the model draft (adaptive k, k = 4 and
+    /// EAGLE-2 trees) and n-gram lookup (chains and trees) give the plain decoder's text.
     fn coupled_matches(name: &str, draft_format: WeightFormat, new: usize) -> Result<()> {
         let device = candle_core::Device::Cpu;
         let path = model_path(name).expect("the model file is fetched (scripts/fetch-models.sh)");
@@ -193,13 +200,17 @@ mod real {
             .stop_tokens(stop.clone())
             .generate(&ids)?;
         let vocab = target_w.config().vocab_size;
+        let (chain, tree) = (TreePolicy::Never, TreePolicy::Always(TreeBudget::new(2, 4, 10, 1)?));
         let drafters = [
-            (Some(4), Drafter::Model(Llama::new(draft_w.clone())?)),
-            (None, Drafter::Model(Llama::new(draft_w)?)),
-            (Some(4), Drafter::NGram(NGramDraft::new(vocab)?)),
+            (Some(4), chain, Drafter::Model(Llama::new(draft_w.clone())?)),
+            (None, chain, Drafter::Model(Llama::new(draft_w.clone())?)),
+            (None, tree, Drafter::Model(Llama::new(draft_w)?)),
+            (Some(4), chain, Drafter::NGram(NGramDraft::new(vocab)?)),
+            (None, tree, Drafter::NGram(NGramDraft::new(vocab)?)),
         ];
-        for (k, draft) in drafters {
+        for (k, shape, draft) in drafters {
             let builder = SpeculativeDecoder::builder(draft, Llama::new(target_w.clone())?)
+                .tree(shape)
                 .sampling(cfg.clone())
                 .max_new_tokens(new)
                 .stop_tokens(stop.clone());
@@ -211,7 +222,7 @@ mod real {
             assert_eq!(
                 out.tokens,
                 plain.tokens,
-                "{name}, k {k:?}: {:?} vs {:?}",
+                "{name}, k {k:?}, {shape}: {:?} vs {:?}",
                 tok.decode(&out.tokens),
                 tok.decode(&plain.tokens)
             );

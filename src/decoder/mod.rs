@@ -374,9 +374,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let remaining = self.stop.max_new_tokens - (self.ctx.len() - self.prompt_len);
         let start = Instant::now();
         let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
-            Some(b) if remaining > 1 && self.noise.is_none() => {
-                (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true)
-            }
+            Some(b) if remaining > 1 => (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true),
             _ => (self.chain_round(remaining)?, false),
         };
         self.shape.observe(tree, verdict.tokens.len(), start.elapsed().as_secs_f64());

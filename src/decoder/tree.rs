@@ -99,6 +99,17 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         }
         let verdict = if self.sampling.is_greedy() {
             kernel::verify_tree_greedy(nodes, |r| argmax(logits.row(r)))?
+        } else if let Some(noise) = &self.noise {
+            // Coupled: a child stands when it is the target's race winner at its position (row
+            // 0 predicts position n, node i's row the position after it). Any tree keeps the
+            // text plain decoding's; how its children were picked only sets how much stands.
+            let (sampling, n) = (&self.sampling, self.ctx.len());
+            let mut p = Vec::new();
+            kernel::verify_tree_greedy(nodes, |r| {
+                sampling.probs(logits.row(r), &mut p)?;
+                let depth = if r == 0 { 0 } else { tree.depth(r - 1) + 1 };
+                noise.pick(&p, (n + depth) as u64)
+            })?
         } else {
             let sampling = &self.sampling;
             kernel::verify_tree(nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
