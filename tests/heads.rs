@@ -137,6 +137,38 @@ fn greedy_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
     Ok(())
 }
 
+/// Coupled sampling (see `tests/coupled.rs`) with every head kind, chains and trees: each
+/// generation equals the plain decoder's generation of the same index.
+#[test]
+fn coupled_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
+    let Some((files, w, _)) = stories()? else { return Ok(()) };
+    let tok = files.load(WeightFormat::F32, &Device::Cpu)?.1;
+    let prompt = [1u32, 403, 407, 261, 378];
+    let cfg = SamplingConfig::new(0.8)?.with_top_k(20)?.with_seed(3).coupled();
+    let mut plain = PlainDecoder::new(Llama::new(w.clone())?, cfg.clone()).max_new_tokens(40);
+    let expected = [plain.generate(&prompt)?.tokens, plain.generate(&prompt)?.tokens];
+    assert_ne!(expected[0], expected[1], "each generation draws fresh noise");
+    let shapes = [TreePolicy::Never, TreePolicy::Always(TreeBudget::new(2, 4, 8, 1)?)];
+    for spec in random_heads(w.config(), "coupled") {
+        for tree in shapes {
+            let mut target = Llama::new(w.clone())?;
+            let drafter = Drafter::build(&spec, &files, &mut target, &tok, &Device::Cpu)?;
+            let mut dec = SpeculativeDecoder::builder(drafter, target)
+                .k(4)
+                .tree(tree)
+                .sampling(cfg.clone())
+                .max_new_tokens(40)
+                .build()?;
+            for want in &expected {
+                let out = dec.generate(&prompt)?;
+                assert_eq!(&out.tokens, want, "{spec}, {tree}");
+                assert!(out.stats.drafted > 0, "{spec}, {tree}: nothing drafted");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The exact distribution of generated tokens `start..start + len` when `target` samples with
 /// `cfg` after `prompt`, found by walking every path of positive probability.
 fn exact_windows(
