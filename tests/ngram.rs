@@ -13,14 +13,19 @@ use specdec::{DraftModel, KPolicy, LookupOr, NGramDraft, PlainDecoder, Result, S
 /// that (with min_n = 1) every context has a match and the drafter always proposes.
 const PROMPT: [u32; 11] = [2, 0, 5, 1, 3, 4, 2, 0, 5, 2, 0];
 
+/// A repetitive prompt: a motif of `shortest` to `shortest + 3` tokens three times, then its
+/// start.
+fn repetitive_prompt(seed: u64, vocab: usize, shortest: u64) -> Vec<u32> {
+    let motif: Vec<u32> = (0..shortest + seed % 4).map(|i| ((i * 5 + seed) % vocab as u64) as u32).collect();
+    motif.iter().cycle().take(3 * motif.len() + 1).copied().collect()
+}
+
 #[test]
 fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
     for seed in 0..30u64 {
         let vocab = 4 + (seed as usize % 13);
         let target = MarkovModel::random(vocab, 1 + (seed as usize % 2), seed);
-        // A repetitive prompt: a short motif three times, then its start.
-        let motif: Vec<u32> = (0..2 + seed % 4).map(|i| ((i * 5 + seed) % vocab as u64) as u32).collect();
-        let prompt: Vec<u32> = motif.iter().cycle().take(3 * motif.len() + 1).copied().collect();
+        let prompt = repetitive_prompt(seed, vocab, 2);
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(60).generate(&prompt)?;
         for policy in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::Adaptive { max: 6 }] {
             for (min_n, max_n) in [(1, 4), (2, 3)] {
@@ -83,8 +88,7 @@ fn greedy_with_lookup_or_model_drafts_equals_plain_greedy() -> Result<()> {
     for seed in 0..20u64 {
         let vocab = 4 + (seed as usize % 13);
         let target = MarkovModel::random(vocab, 1 + (seed as usize % 2), seed);
-        let motif: Vec<u32> = (0..3 + seed % 4).map(|i| ((i * 5 + seed) % vocab as u64) as u32).collect();
-        let prompt: Vec<u32> = motif.iter().cycle().take(3 * motif.len() + 1).copied().collect();
+        let prompt = repetitive_prompt(seed, vocab, 3);
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(60).generate(&prompt)?;
         for policy in [KPolicy::Fixed(1), KPolicy::Fixed(5), KPolicy::Adaptive { max: 6 }] {
             let draft = LookupOr::new(target.noisy_copy(0.5, seed + 100))?;
