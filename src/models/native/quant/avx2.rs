@@ -1,33 +1,34 @@
 //! 256-bit kernels for the quantized products: AVX2 (`vpmaddubsw` + `vpmaddwd`, the integer dot
 //! every AVX2 CPU has) and AVX-VNNI (the VEX `vpdpbusd`), one body for both.
 //!
-//! Lanes: a 32-byte half of a 64-value chunk holds 4 values of block 0, 4 of block 1, and so
-//! on, so both instructions leave i32 lanes that alternate between the chunk's two blocks, and
-//! one `[s0, s1, s0, s1, …]` broadcast scales them (as in the AVX-512 kernel).
+//! Lanes: a 64-value chunk is two 32-byte halves, lanes 0..8 and 8..16 of the parent module's
+//! lane groups. Each half's integer sums over a group add up in one register, scaled once per
+//! group (see the parent module).
 //!
-//! `vpmaddubsw` adds two u8 × i8 products into an i16 with saturation. 4-bit codes (≤ 15) can
-//! never saturate it, even with the two halves of a chunk added in i16 (≤ 4 × 15 × 127). 8-bit
-//! codes (0..=255) could, so AVX2 turns them into signed codes `s = q − 128` (one `xor`) and
-//! multiplies `|x|` by `s` with the sign of `x` moved onto `s`: each pair is then at most
-//! 2 × 127 × 128 < 2^15. The `−128` is paid back in the offset term:
-//! `Σ d·dx·Σq·xq = Σ d·dx·Σs·xq + Σ 128·d·sx`.
-//!
-//! 5- and 6-bit codes (≤ 63) cannot saturate either: a pair is at most 2 × 63 × 127, and Q6_K's
-//! halves, with their own scales, are never added in i16.
+//! `vpmaddubsw` adds two u8 × i8 products into an i16 with saturation. 4- and 5-bit codes
+//! (≤ 31) can never saturate it, even with a group's four chunks added in i16
+//! (≤ 4 × 2 × 31 × 127 = 31,496); 6-bit codes (≤ 63) are added two chunks at a time
+//! (≤ 2 × 2 × 63 × 127 = 32,004). 8-bit codes (0..=255) could saturate a single pair, so AVX2
+//! turns them into signed codes `s = q − 128` (one `xor`) and multiplies `|x|` by `s` with the
+//! sign of `x` moved onto `s`: each pair is then at most 2 × 127 × 128 < 2^15. The `−128` is
+//! paid back in the offset term: `Σ d·dx·Σq·xq = Σ d·dx·Σs·xq + Σ 128·d·sx`.
 //!
 //! Registers: AVX2 has 16. A tile of 2 weight rows and up to 3 activation rows keeps 6
-//! accumulators, the 4 code registers of one weight row's chunk pair and its 2 scales live, with
-//! room for the temporaries.
+//! accumulators and one weight row's half-group of codes (4 registers) live, with room for the
+//! temporaries.
+
+// The kernel indexes register arrays by chunk to mirror the math.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{half, Bits, QActs, QMatrix, CHUNK};
+use super::{group_count, half, Bits, QActs, QMatrix, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and activation rows per group.
 const TILE: usize = 2;
-const GROUP: usize = 3;
+const ROWS: usize = 3;
 /// Weight rows ahead whose bytes are prefetched into L2 (the same bytes ahead as the AVX-512
 /// kernel's two 4-row tiles).
 const AHEAD: usize = 8;
@@ -38,7 +39,12 @@ const AHEAD: usize = 8;
 /// The CPU has AVX2, FMA and F16C, and the sizes were checked as in [`super::qmatmul`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    drive::<false>(a, w, out, cols)
+    match w.bits {
+        Bits::Four => drive::<false, 4>(a, w, out, cols),
+        Bits::Five => drive::<false, 5>(a, w, out, cols),
+        Bits::Six => drive::<false, 6>(a, w, out, cols),
+        Bits::Eight => drive::<false, 8>(a, w, out, cols),
+    }
 }
 
 /// The AVX-VNNI kernel.
@@ -48,29 +54,36 @@ pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 /// [`super::qmatmul`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    drive::<true>(a, w, out, cols)
+    match w.bits {
+        Bits::Four => drive::<true, 4>(a, w, out, cols),
+        Bits::Five => drive::<true, 5>(a, w, out, cols),
+        Bits::Six => drive::<true, 6>(a, w, out, cols),
+        Bits::Eight => drive::<true, 8>(a, w, out, cols),
+    }
 }
 
 /// Walks `cols` in tiles of weight rows and the activation rows in groups.
 ///
 /// # Safety
-/// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, and `cols` of
-/// `out` owned by the caller.
+/// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, `w.bits` of
+/// `BITS` bits, and `cols` of `out` owned by the caller.
 #[inline(always)]
-unsafe fn drive<const VNNI: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+    // The activation rows in passes of even sizes (see the AVX-512 kernel).
+    let passes = a.rows.div_ceil(ROWS);
     let mut c = cols.start;
     while c < cols.end {
         let tile = if cols.end - c >= TILE { TILE } else { 1 };
         let mut r = 0;
-        while r < a.rows {
-            let g = (a.rows - r).min(GROUP);
+        for p in 0..passes {
+            let g = (a.rows - r).div_ceil(passes - p);
             match (g, tile) {
-                (1, TILE) => tile_256::<1, TILE, VNNI>(a, w, r, c, &out),
-                (2, TILE) => tile_256::<2, TILE, VNNI>(a, w, r, c, &out),
-                (_, TILE) => tile_256::<3, TILE, VNNI>(a, w, r, c, &out),
-                (1, _) => tile_256::<1, 1, VNNI>(a, w, r, c, &out),
-                (2, _) => tile_256::<2, 1, VNNI>(a, w, r, c, &out),
-                _ => tile_256::<3, 1, VNNI>(a, w, r, c, &out),
+                (1, TILE) => tile_256::<1, TILE, VNNI, BITS>(a, w, r, c, &out),
+                (2, TILE) => tile_256::<2, TILE, VNNI, BITS>(a, w, r, c, &out),
+                (_, TILE) => tile_256::<3, TILE, VNNI, BITS>(a, w, r, c, &out),
+                (1, _) => tile_256::<1, 1, VNNI, BITS>(a, w, r, c, &out),
+                (2, _) => tile_256::<2, 1, VNNI, BITS>(a, w, r, c, &out),
+                _ => tile_256::<3, 1, VNNI, BITS>(a, w, r, c, &out),
             }
             r += g;
         }
@@ -78,24 +91,28 @@ unsafe fn drive<const VNNI: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
     }
 }
 
-/// Activation rows `r0..r0 + M` as raw pointers.
-#[derive(Clone, Copy)]
-struct Rows {
-    xq: *const i8,
-    dx: *const f32,
-    padded: usize,
-    nb: usize,
-}
-
-/// Weight rows from a tile's first: the high plane and the scales as raw pointers.
+/// A tile's weight rows from its first, as raw pointers.
 #[derive(Clone, Copy)]
 struct Weights {
+    qs: *const u8,
+    row_bytes: usize,
     plane: *const u8,
     hi_row: usize,
-    hb: usize,
-    six: bool,
     d: *const u16,
-    n_scales: usize,
+    /// Scales per row: per 32 values, or per 16 for Q6_K.
+    scales: usize,
+    /// Offsets per 32 values (none for Q6_K).
+    m: *const u16,
+}
+
+/// A group's activation rows from its first, as raw pointers.
+#[derive(Clone, Copy)]
+struct Acts {
+    xq: *const i8,
+    padded: usize,
+    dx: *const f32,
+    sx: *const f32,
+    groups: usize,
 }
 
 /// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
@@ -103,7 +120,7 @@ struct Weights {
 /// # Safety
 /// As `drive`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
 #[inline(always)]
-unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
+unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool, const BITS: u8>(
     a: &QActs,
     w: &QMatrix,
     r0: usize,
@@ -112,190 +129,232 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool>(
 ) {
     let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let nibbles = w.bits != Bits::Eight;
-    let (six, hb) = (w.bits == Bits::Six, w.bits.high_bits());
+    let six = BITS == 6;
     let row_bytes = w.bits.row_bytes(w.padded);
     let hi_row = w.hi_row_bytes();
-    // Scales per weight row: per 32 values, or per 16 for Six.
-    let n_scales = if six { 2 * nb } else { nb };
-    let qs = w.qs.as_ptr().add(c0 * row_bytes);
-    let plane = w.hi.as_ptr().add(c0 * hi_row);
-    let wd = w.d.as_ptr().add(c0 * n_scales);
-    let x = Rows { xq: a.xq.as_ptr().add(r0 * a.padded), dx: a.dx.as_ptr().add(r0 * nb), padded: a.padded, nb };
-    let low = _mm256_set1_epi8(0x0F);
+    let scales = if six { 2 * nb } else { nb };
+    let wts = Weights {
+        qs: w.qs.as_ptr().add(c0 * row_bytes),
+        row_bytes,
+        plane: w.hi.as_ptr().add(c0 * hi_row),
+        hi_row,
+        d: w.d.as_ptr().add(c0 * scales),
+        scales,
+        m: w.m.as_ptr().wrapping_add(c0 * scales),
+    };
+    let groups = group_count(chunks);
+    let x = Acts {
+        xq: a.xq.as_ptr().add(r0 * a.padded),
+        padded: a.padded,
+        dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
+        sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
+        groups,
+    };
     let mut acc = [[_mm256_setzero_ps(); M]; R];
-    // Chunk p of weight row i: its codes (the nibbles with the high plane or'd in) into `acc_i`.
-    // (A function, not a closure: a closure here would not inherit the caller's target
-    // features, and its intrinsics would become calls.)
-    #[inline(always)]
-    unsafe fn chunk<const M: usize, const VNNI: bool>(
-        acc_i: &mut [__m256; M],
-        mut codes: [__m256i; 2],
-        w: Weights,
-        x: Rows,
-        i: usize,
-        p: usize,
-    ) {
-        if w.hb > 0 {
-            let h = high_bits(w.plane.add(i * w.hi_row + p * 8 * w.hb), w.hb);
-            codes = [_mm256_or_si256(codes[0], h[0]), _mm256_or_si256(codes[1], h[1])];
-        }
-        if w.six {
-            let s = w.d.add(i * w.n_scales + 4 * p);
-            accumulate::<M, VNNI, false, true>(acc_i, codes, [scales(s), scales(s.add(2))], x, p);
-        } else {
-            let s = scales(w.d.add(i * w.n_scales + 2 * p));
-            accumulate::<M, VNNI, false, false>(acc_i, codes, [s, s], x, p);
+    let full = chunks / GROUP;
+    for g in 0..full {
+        group::<M, R, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
+    }
+    let at = full * GROUP;
+    match chunks - at {
+        0 => {}
+        1 => group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
+        2 => group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
+        _ => {
+            group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
+            group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
         }
     }
-    let wts = Weights { plane, hi_row, hb, six, d: wd, n_scales };
-    if nibbles {
-        let mut p = 0;
-        while p + 1 < chunks {
-            for (i, acc_i) in acc.iter_mut().enumerate() {
-                // Byte j of a chunk pair holds position j of chunk p (low nibble) and of p + 1.
-                let at = qs.add(i * row_bytes + p * 32);
-                prefetch(at.wrapping_add(AHEAD * row_bytes));
-                let (v0, v1) =
-                    (_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i));
-                let lo = [_mm256_and_si256(v0, low), _mm256_and_si256(v1, low)];
-                let hi =
-                    [_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low)];
-                chunk::<M, VNNI>(acc_i, lo, wts, x, i, p);
-                chunk::<M, VNNI>(acc_i, hi, wts, x, i, p + 1);
-            }
-            p += 2;
-        }
-        if p < chunks {
-            // An odd last chunk: low nibbles hold positions 0..32, high ones 32..64.
-            for (i, acc_i) in acc.iter_mut().enumerate() {
-                let v = _mm256_loadu_si256(qs.add(i * row_bytes + p * 32) as *const __m256i);
-                let codes = [_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)];
-                chunk::<M, VNNI>(acc_i, codes, wts, x, i, p);
-            }
-        }
-    } else {
-        let flip = _mm256_set1_epi8(-128);
-        for p in 0..chunks {
-            for (i, acc_i) in acc.iter_mut().enumerate() {
-                let at = qs.add(i * row_bytes + p * CHUNK);
-                prefetch(at.wrapping_add(AHEAD * row_bytes));
-                let mut codes =
-                    [_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i)];
-                let s = scales(wd.add(i * nb + 2 * p));
-                if VNNI {
-                    accumulate::<M, true, false, false>(acc_i, codes, [s, s], x, p);
-                } else {
-                    codes = [_mm256_xor_si256(codes[0], flip), _mm256_xor_si256(codes[1], flip)];
-                    accumulate::<M, false, true, false>(acc_i, codes, [s, s], x, p);
-                }
-            }
-        }
-    }
-    let signed = !nibbles && !VNNI;
     for (i, acc_i) in acc.iter().enumerate() {
-        let c = c0 + i;
         for (r, v) in acc_i.iter().enumerate() {
-            let sx = a.sx.as_ptr().add((r0 + r) * nb);
-            let mut offset = if six {
-                -32.0 * dot_f16(wd.add(i * n_scales), a.sx16.as_ptr().add((r0 + r) * n_scales), n_scales)
-            } else {
-                dot_f16(w.m.as_ptr().add(c * nb), sx, nb)
-            };
-            if signed {
-                offset += 128.0 * dot_f16(w.d.as_ptr().add(c * nb), sx, nb);
-            }
-            out.write((r0 + r) * w.rows + c, hsum(*v) + offset);
+            out.write((r0 + r) * w.rows + c0 + i, hsum(*v));
         }
     }
 }
 
-/// Adds chunk `p` of one weight row (`codes`, two 32-byte halves; `scale` its two block
-/// scales for each half, the same unless `SPLIT`) times each activation row into `acc`.
+/// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
+/// activation rows into `acc`, half a chunk (8 lanes) at a time: each weight row's half-group
+/// of codes is unpacked once for the M rows, and each product's sums are scaled once.
 ///
 /// # Safety
-/// AVX2 (and AVX-VNNI when `VNNI`); `x` points at M rows holding chunk `p`.
+/// AVX2, FMA and F16C (AVX-VNNI too when `VNNI`), inlined into a caller that has them; the
+/// group lies within the rows.
 #[inline(always)]
-unsafe fn accumulate<const M: usize, const VNNI: bool, const SIGNED: bool, const SPLIT: bool>(
-    acc: &mut [__m256; M],
-    codes: [__m256i; 2],
-    scale: [__m256; 2],
-    x: Rows,
-    p: usize,
+unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8, const C: usize>(
+    acc: &mut [[__m256; M]; R],
+    w: Weights,
+    x: Acts,
+    start: usize,
+    g: usize,
 ) {
-    for (r, a) in acc.iter_mut().enumerate() {
-        let xp = x.xq.add(r * x.padded + p * CHUNK);
-        let (x0, x1) = (_mm256_loadu_si256(xp as *const __m256i), _mm256_loadu_si256(xp.add(32) as *const __m256i));
-        let sx =
-            _mm256_castsi256_ps(_mm256_set1_epi64x(std::ptr::read_unaligned(x.dx.add(r * x.nb + 2 * p) as *const i64)));
-        if SPLIT {
-            // Per-16 scales (Q6_K): each half has its own. Codes ≤ 63 cannot saturate a pair.
-            let (d0, d1) = if VNNI {
-                let zero = _mm256_setzero_si256();
-                (_mm256_dpbusd_avx_epi32(zero, codes[0], x0), _mm256_dpbusd_avx_epi32(zero, codes[1], x1))
-            } else {
-                let ones = _mm256_set1_epi16(1);
-                (
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(codes[0], x0), ones),
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(codes[1], x1), ones),
-                )
-            };
-            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(scale[0], sx), *a);
-            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(scale[1], sx), *a);
-            continue;
+    for (i, acc_i) in acc.iter_mut().enumerate() {
+        let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
+        let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
+        for line in 0..bytes.div_ceil(CHUNK) {
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
         }
-        let dot = if VNNI {
-            _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes[0], x0), codes[1], x1)
-        } else if SIGNED {
-            let p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(x0), _mm256_sign_epi8(codes[0], x0));
-            let p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(x1), _mm256_sign_epi8(codes[1], x1));
-            _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_set1_epi16(1)), _mm256_madd_epi16(p1, _mm256_set1_epi16(1)))
-        } else {
-            let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], x0), _mm256_maddubs_epi16(codes[1], x1));
-            _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
-        };
-        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[0], sx), *a);
+        for h in 0..2 {
+            let q = codes::<VNNI, BITS, C>(w, i, start, h);
+            let scale = lanes::<BITS, C>(w.d, w.scales, i, start, h);
+            let offset = match BITS {
+                // Q6_K's offset is −32·d.
+                6 => _mm256_mul_ps(scale, _mm256_set1_ps(-32.0)),
+                // Signed codes `q − 128`: the 128 comes back here.
+                8 if !VNNI => {
+                    _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), lanes::<BITS, C>(w.m, w.scales, i, start, h))
+                }
+                _ => lanes::<BITS, C>(w.m, w.scales, i, start, h),
+            };
+            for (r, a) in acc_i.iter_mut().enumerate() {
+                let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
+                let dot = dot::<VNNI, BITS, C>(&q, xq);
+                let lane = (r * x.groups + g) * 16 + 8 * h;
+                let (dx, sx) = (_mm256_loadu_ps(x.dx.add(lane)), _mm256_loadu_ps(x.sx.add(lane)));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
+                *a = _mm256_fmadd_ps(offset, sx, *a);
+            }
+        }
     }
 }
 
-/// The high bits of a chunk's 5- or 6-bit codes at `p` (see [`Bits`]), shifted into bits 4..6
-/// of each byte, as the chunk's two 32-byte halves.
+/// Half `h` of each of the `C` chunks from `start` of weight row `i`: its codes in lane
+/// order (signed, `q − 128`, for 8 bits without VNNI; see the module docs).
+///
+/// # Safety
+/// AVX2; the chunks lie within row `i`; `C` is 4, 2 or 1 (1 only for an unpaired last chunk
+/// of nibbles).
+#[inline(always)]
+unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
+    w: Weights,
+    i: usize,
+    start: usize,
+    h: usize,
+) -> [__m256i; C] {
+    let low = _mm256_set1_epi8(0x0F);
+    let mut out = [_mm256_setzero_si256(); C];
+    if BITS == 8 {
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = _mm256_loadu_si256(w.qs.add(i * w.row_bytes + (start + c) * CHUNK + 32 * h) as *const __m256i);
+            if !VNNI {
+                *o = _mm256_xor_si256(*o, _mm256_set1_epi8(-128));
+            }
+        }
+        return out;
+    }
+    let at = w.qs.add(i * w.row_bytes + start * 32);
+    if C == 1 {
+        // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
+        let v = _mm256_loadu_si256(at as *const __m256i);
+        out[0] = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low);
+    } else {
+        // Byte j of a chunk pair holds position j of its first chunk (low nibble) and of its
+        // second (high); half h is bytes 32h.. of the pair.
+        for pair in 0..C / 2 {
+            let v = _mm256_loadu_si256(at.add(pair * CHUNK + 32 * h) as *const __m256i);
+            out[2 * pair] = _mm256_and_si256(v, low);
+            out[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+    }
+    if BITS != 4 {
+        let hb = if BITS == 5 { 1 } else { 2 };
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = _mm256_or_si256(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb, h));
+        }
+    }
+    out
+}
+
+/// Σ codes · activations over a half-group, per i32 lane (see the module docs for the i16
+/// bounds that allow the sums without VNNI).
+///
+/// # Safety
+/// AVX2 (and AVX-VNNI when `VNNI`); `xq` points at the half's first chunk of one activation
+/// row.
+#[inline(always)]
+unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C], xq: *const i8) -> __m256i {
+    let x = |c: usize| _mm256_loadu_si256(xq.add(c * CHUNK) as *const __m256i);
+    let ones = _mm256_set1_epi16(1);
+    if VNNI {
+        let mut dot = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q[0], x(0));
+        for c in 1..C {
+            dot = _mm256_dpbusd_avx_epi32(dot, q[c], x(c));
+        }
+        return dot;
+    }
+    if BITS == 8 {
+        let mut dot = _mm256_setzero_si256();
+        for c in 0..C {
+            let xc = x(c);
+            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xc), _mm256_sign_epi8(q[c], xc));
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+        }
+        return dot;
+    }
+    // Chunks whose i16 sums cannot saturate: all of them for ≤ 5 bits, two for 6.
+    let run = if BITS == 6 { 2 } else { 4 };
+    let mut dot = _mm256_setzero_si256();
+    let mut c = 0;
+    while c < C {
+        let mut sum = _mm256_maddubs_epi16(q[c], x(c));
+        for j in c + 1..(c + run).min(C) {
+            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[j], x(j)));
+        }
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum, ones));
+        c += run;
+    }
+    dot
+}
+
+/// The scales (`d`) or offsets (`m`) of weight row `i` on lanes `8h..8h + 8` of the group of
+/// `C` chunks from `start`, from `per_row` values a row at `p`.
+///
+/// # Safety
+/// AVX2 and F16C; the group lies within row `i`.
+#[inline(always)]
+unsafe fn lanes<const BITS: u8, const C: usize>(
+    p: *const u16,
+    per_row: usize,
+    i: usize,
+    start: usize,
+    h: usize,
+) -> __m256 {
+    let d = p.add(i * per_row);
+    if BITS == 6 {
+        // Per 16 values: one a lane.
+        return _mm256_cvtph_ps(_mm_loadu_si128(d.add(start * 4 + 8 * h) as *const __m128i));
+    }
+    // Per 32 values: lane l of the group is in block (4C·l) / 32 of it.
+    let blocks = d.add(start * 2);
+    match C {
+        4 => {
+            let four = _mm256_cvtph_ps(_mm_loadl_epi64(blocks.add(4 * h) as *const __m128i));
+            _mm256_permutevar8x32_ps(four, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))
+        }
+        2 => {
+            let two = _mm256_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blocks.add(2 * h) as *const i32)));
+            _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
+        }
+        _ => _mm256_set1_ps(half(*blocks.add(h))),
+    }
+}
+
+/// The high bits of half `h` of a chunk's 5- or 6-bit codes at `p` (see [`Bits`]), shifted
+/// into bits 4..6 of each byte.
 ///
 /// # Safety
 /// AVX2; `p` points at `8·hb` readable bytes; `hb` is 1 or 2.
 #[inline(always)]
-unsafe fn high_bits(p: *const u8, hb: usize) -> [__m256i; 2] {
+unsafe fn high_bits(p: *const u8, hb: usize, h: usize) -> __m256i {
     // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k.
+    let k = 4 * h as i64;
     let (copies, shifts, mask) = if hb == 1 {
         let v = _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64));
-        (v, [_mm256_setr_epi64x(0, 1, 2, 3), _mm256_setr_epi64x(4, 5, 6, 7)], 1)
+        (v, _mm256_setr_epi64x(k, k + 1, k + 2, k + 3), 1)
     } else {
         let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
-        (v, [_mm256_setr_epi64x(0, 0, 2, 2), _mm256_setr_epi64x(4, 4, 6, 6)], 3)
+        (v, _mm256_setr_epi64x(k, k, k + 2, k + 2), 3)
     };
-    let mask = _mm256_set1_epi8(mask);
-    let half0 = _mm256_and_si256(_mm256_srlv_epi64(copies, shifts[0]), mask);
-    let half1 = _mm256_and_si256(_mm256_srlv_epi64(copies, shifts[1]), mask);
-    [_mm256_slli_epi16(half0, 4), _mm256_slli_epi16(half1, 4)]
-}
-
-/// Two f16 scales at `p` as `[s0, s1, s0, s1, …]`.
-///
-/// # Safety
-/// F16C; `p` points at two readable `u16`.
-#[inline(always)]
-unsafe fn scales(p: *const u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi32(std::ptr::read_unaligned(p as *const i32)))
-}
-
-/// Asks for the cache line at `p` in L2. Never dereferences `p`, which may lie past the end
-/// of the weights (hence computed by `wrapping_add`).
-///
-/// # Safety
-/// SSE (every x86-64 CPU); a prefetch of any address is harmless.
-#[inline(always)]
-unsafe fn prefetch(p: *const u8) {
-    _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+    _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(copies, shifts), _mm256_set1_epi8(mask)), 4)
 }
 
 /// The sum of the 8 lanes.
@@ -307,25 +366,4 @@ unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
-}
-
-/// Σ a[i]·b[i] for i < n, `a` in f16.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `a` and `b` point at `n` readable values.
-#[inline(always)]
-unsafe fn dot_f16(a: *const u16, b: *const f32, n: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 8 <= n {
-        let a8 = _mm256_cvtph_ps(_mm_loadu_si128(a.add(i) as *const __m128i));
-        acc = _mm256_fmadd_ps(a8, _mm256_loadu_ps(b.add(i)), acc);
-        i += 8;
-    }
-    let mut s = hsum(acc);
-    while i < n {
-        s += half(*a.add(i)) * *b.add(i);
-        i += 1;
-    }
-    s
 }

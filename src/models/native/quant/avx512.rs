@@ -1,4 +1,5 @@
-//! The AVX-512 VNNI kernel for the quantized products: one `vpdpbusd` per 64 values (see the
+//! The AVX-512 VNNI kernel for the quantized products: one `vpdpbusd` per 64 values, the
+//! integer sums of a lane group (256 values) added in one register and scaled once (see the
 //! parent module for the layout and the math).
 
 // The kernel indexes register arrays by (row, column) to mirror the tile's math.
@@ -7,12 +8,14 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Bits, QActs, QMatrix, CHUNK};
+use super::{group_count, Bits, QActs, QMatrix, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and activation rows per group.
-const TILE: usize = 4;
-const GROUP: usize = 4;
+const TILE: usize = 2;
+const ROWS: usize = 6;
+/// Weight rows ahead whose bytes are prefetched into L2.
+const AHEAD: usize = 8;
 
 /// The AVX-512 VNNI kernel.
 ///
@@ -36,21 +39,28 @@ pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 /// As [`qmatmul_vnni`], with `w.bits` of `BITS` bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+    // The activation rows in as few passes as the registers allow, of even sizes (5 rows as
+    // 3 + 2, not 4 + 1: a pass of one row pays the unpacking for little work).
+    let passes = a.rows.div_ceil(ROWS);
     let mut c = cols.start;
     while c < cols.end {
         let tile = if cols.end - c >= TILE { TILE } else { 1 };
         let mut r = 0;
-        while r < a.rows {
-            let g = (a.rows - r).min(GROUP);
+        for p in 0..passes {
+            let g = (a.rows - r).div_ceil(passes - p);
             match (g, tile) {
                 (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
                 (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
                 (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
                 (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
+                (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, r, c, out),
+                (_, TILE) => tile_vnni::<ROWS, TILE, BITS>(a, w, r, c, out),
                 (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
                 (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
                 (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
-                _ => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
+                (4, _) => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
+                (5, _) => tile_vnni::<5, 1, BITS>(a, w, r, c, out),
+                _ => tile_vnni::<ROWS, 1, BITS>(a, w, r, c, out),
             }
             r += g;
         }
@@ -58,48 +68,12 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
     }
 }
 
-/// Two f32 scales `[s0, s1]` at `p` broadcast as `[s0, s1, s0, s1, …]`, the lane order of a
-/// `vpdpbusd` over an interleaved chunk.
-///
-/// # Safety
-/// AVX-512 F; `p` points at two readable `f32`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn pair(p: *const f32) -> __m512 {
-    _mm512_castsi512_ps(_mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64)))
-}
-
-/// The same for two f16 scales.
-///
-/// # Safety
-/// AVX-512 F; `p` points at two readable `u16`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn pair_f16(p: *const u16) -> __m512 {
-    _mm512_cvtph_ps(_mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)))
-}
-
-/// Four f16 scales `[s0, s1, s2, s3]` at `p` (a `Six` chunk's per-16 scales) as lanes
-/// `[s0, s1] × 4, [s2, s3] × 4`: the first 8 lanes of a `vpdpbusd` hold values 0..16 of the
-/// chunk's two blocks, the last 8 values 16..32.
-///
-/// # Safety
-/// AVX-512 F; `p` points at four readable `u16`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn quad_f16(p: *const u16) -> __m512 {
-    let four = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
-    let lanes = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
-    _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(four))
-}
-
 /// The high bits of a chunk's 5- or 6-bit codes at `p` (see [`Bits`]), shifted into bits 4..6
-/// of each byte in the chunk's interleaved order.
+/// of each byte in the chunk's lane order.
 ///
 /// # Safety
 /// AVX-512 F and BW; `p` points at `8·hb` readable bytes; `hb` is 1 or 2.
-#[target_feature(enable = "avx512f,avx512bw")]
-#[inline]
+#[inline(always)]
 unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
     // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k: shift each
     // copy down by that much and keep the low hb bits of every byte.
@@ -113,34 +87,154 @@ unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
     _mm512_slli_epi16(bits, 4)
 }
 
-/// Activation rows from a group's first, as raw pointers.
+/// A tile's weight rows from its first, as raw pointers.
+#[derive(Clone, Copy)]
+struct Weights {
+    qs: *const u8,
+    row_bytes: usize,
+    plane: *const u8,
+    hi_row: usize,
+    d: *const u16,
+    /// Scales per row: per 32 values, or per 16 for Q6_K.
+    scales: usize,
+    /// Offsets per 32 values (none for Q6_K).
+    m: *const u16,
+}
+
+/// A group's activation rows from its first, as raw pointers.
 #[derive(Clone, Copy)]
 struct Acts {
     xq: *const i8,
-    dx: *const f32,
     padded: usize,
-    nb: usize,
+    dx: *const f32,
+    sx: *const f32,
+    groups: usize,
 }
 
-/// Adds chunk `p` of R weight rows (codes `wq`, lane scales `scale`) times M activation rows
-/// into `acc`. A function rather than a closure, so that `acc` stays in registers.
+/// The codes of the `C` chunks from `start` of weight row `i`, in lane order.
 ///
 /// # Safety
-/// AVX-512 F and VNNI (inlined into a caller that has them); `x` holds M rows with chunk `p`.
+/// AVX-512 F and BW; the chunks lie within row `i`; `C` is 4, 2 or 1 (1 only for an unpaired
+/// last chunk of nibbles).
 #[inline(always)]
-unsafe fn step<const M: usize, const R: usize>(
+unsafe fn codes<const BITS: u8, const C: usize>(w: Weights, i: usize, start: usize) -> [__m512i; C] {
+    let low = _mm512_set1_epi8(0x0F);
+    let mut out = [_mm512_setzero_si512(); C];
+    if BITS == 8 {
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = _mm512_loadu_si512(w.qs.add(i * w.row_bytes + (start + c) * CHUNK) as *const _);
+        }
+        return out;
+    }
+    let at = w.qs.add(i * w.row_bytes + start * 32);
+    if C == 1 {
+        // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
+        let v = _mm256_loadu_si256(at as *const __m256i);
+        let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+        out[0] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    } else {
+        // Byte j of a chunk pair holds position j of its first chunk (low nibble) and of its
+        // second (high).
+        for pair in 0..C / 2 {
+            let v = _mm512_loadu_si512(at.add(pair * CHUNK) as *const _);
+            out[2 * pair] = _mm512_and_si512(v, low);
+            out[2 * pair + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+    }
+    if BITS != 4 {
+        let hb = if BITS == 5 { 1 } else { 2 };
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = _mm512_or_si512(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb));
+        }
+    }
+    out
+}
+
+/// The scales (`d`) or offsets (`m`) of weight row `i` over the group of `C` chunks from
+/// `start`, one per lane, from `per_row` values a row at `p`.
+///
+/// # Safety
+/// AVX-512 F; the group lies within row `i`.
+#[inline(always)]
+unsafe fn lanes<const BITS: u8, const C: usize>(p: *const u16, per_row: usize, i: usize, start: usize) -> __m512 {
+    let row = p.add(i * per_row);
+    if BITS == 6 {
+        // Per 16 values: one a lane.
+        return _mm512_cvtph_ps(_mm256_loadu_si256(row.add(start * 4) as *const __m256i));
+    }
+    // Per 32 values: block j of the group's 2·C on lanes 8j/C .. 8(j+1)/C.
+    let blocks = row.add(start * 2);
+    let (halves, lane_block) = match C {
+        4 => (
+            _mm_loadu_si128(blocks as *const __m128i),
+            _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+        ),
+        2 => (
+            _mm_loadl_epi64(blocks as *const __m128i),
+            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+        ),
+        _ => (
+            _mm_cvtsi32_si128(std::ptr::read_unaligned(blocks as *const i32)),
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        ),
+    };
+    _mm512_permutexvar_ps(lane_block, _mm512_cvtph_ps(_mm256_castsi128_si256(halves)))
+}
+
+/// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
+/// activation rows into `acc`. The R rows' codes are unpacked once and held for the M rows;
+/// each product sums its C chunks in one i32 register and is scaled once.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI (inlined into a caller that has them); the group lies within the
+/// rows.
+#[inline(always)]
+unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     acc: &mut [[__m512; R]; M],
-    wq: &[__m512i; R],
-    scale: [__m512; R],
+    w: Weights,
     x: Acts,
-    p: usize,
+    start: usize,
+    g: usize,
 ) {
-    for (r, acc_r) in acc.iter_mut().enumerate() {
-        let xv = _mm512_loadu_si512(x.xq.add(r * x.padded + p * CHUNK) as *const _);
-        let sx = pair(x.dx.add(r * x.nb + 2 * p));
+    // The rows are short streams the prefetcher misses: fetch the same bytes two tiles ahead
+    // into L2.
+    let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
+    for i in 0..R {
+        let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
+        for line in 0..bytes.div_ceil(CHUNK) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * CHUNK) as *const i8);
+        }
+    }
+    // (Loops, not `array::from_fn`: a closure would not inherit the target features, and its
+    // intrinsics would become calls.)
+    let mut q = [[_mm512_setzero_si512(); C]; R];
+    let (mut scale, mut offset) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+    for i in 0..R {
+        q[i] = codes::<BITS, C>(w, i, start);
+        scale[i] = lanes::<BITS, C>(w.d, w.scales, i, start);
+        // Q6_K's offset is −32·d.
+        offset[i] = if BITS == 6 {
+            _mm512_mul_ps(scale[i], _mm512_set1_ps(-32.0))
+        } else {
+            lanes::<BITS, C>(w.m, w.scales, i, start)
+        };
+    }
+    for r in 0..M {
+        let xq = x.xq.add(r * x.padded + start * CHUNK);
+        let mut xs = [_mm512_setzero_si512(); C];
+        for c in 0..C {
+            xs[c] = _mm512_loadu_si512(xq.add(c * CHUNK) as *const _);
+        }
+        let lane = (r * x.groups + g) * 16;
+        let (dx, sx) = (_mm512_loadu_ps(x.dx.add(lane)), _mm512_loadu_ps(x.sx.add(lane)));
         for i in 0..R {
-            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[i], xv);
-            acc_r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], sx), acc_r[i]);
+            let mut dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], xs[0]);
+            for c in 1..C {
+                dot = _mm512_dpbusd_epi32(dot, q[i][c], xs[c]);
+            }
+            acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], dx), acc[r][i]);
+            acc[r][i] = _mm512_fmadd_ps(offset[i], sx, acc[r][i]);
         }
     }
 }
@@ -160,103 +254,69 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
 ) {
     let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let nibbles = BITS != 8;
-    let (six, hb) = (BITS == 6, (BITS as usize).saturating_sub(4).min(2));
+    let six = BITS == 6;
     let row_bytes = w.bits.row_bytes(w.padded);
     let hi_row = w.hi_row_bytes();
-    // Scales per weight row: per 32 values, or per 16 for Six.
     let scales = if six { 2 * nb } else { nb };
-    let qs = w.qs.as_ptr().add(c0 * row_bytes);
-    let plane = w.hi.as_ptr().add(c0 * hi_row);
-    let wd = w.d.as_ptr().add(c0 * scales);
-    let xq = a.xq.as_ptr().add(r0 * a.padded);
-    let dx = a.dx.as_ptr().add(r0 * nb);
-    let low = _mm512_set1_epi8(0x0F);
+    let wts = Weights {
+        qs: w.qs.as_ptr().add(c0 * row_bytes),
+        row_bytes,
+        plane: w.hi.as_ptr().add(c0 * hi_row),
+        hi_row,
+        d: w.d.as_ptr().add(c0 * scales),
+        scales,
+        m: w.m.as_ptr().wrapping_add(c0 * scales),
+    };
+    let groups = group_count(chunks);
+    let x = Acts {
+        xq: a.xq.as_ptr().add(r0 * a.padded),
+        padded: a.padded,
+        dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
+        sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
+        groups,
+    };
     let mut acc = [[_mm512_setzero_ps(); R]; M];
-    let x = Acts { xq, dx, padded: a.padded, nb };
-    // Scales of chunk p of weight row i.
-    let scale = |i: usize, p: usize| {
-        if six {
-            quad_f16(wd.add(i * scales + 4 * p))
-        } else {
-            pair_f16(wd.add(i * nb + 2 * p))
-        }
-    };
-    // The codes of chunk p of weight row i: the nibbles `v` with the high plane or'd in.
-    let with_high = |v: __m512i, i: usize, p: usize| {
-        if hb == 0 {
-            v
-        } else {
-            _mm512_or_si512(v, high_bits(plane.add(i * hi_row + p * 8 * hb), hb))
-        }
-    };
-    if nibbles {
-        let mut p = 0;
-        while p + 1 < chunks {
-            // The rows are short streams the prefetcher misses: fetch the same bytes two tiles
-            // ahead into L2 (measured best: one tile ahead into L1 fills the miss slots and is
-            // 20-40 % slower for one activation row).
-            for i in 0..R {
-                _mm_prefetch::<_MM_HINT_T1>(qs.wrapping_add((2 * R + i) * row_bytes + p * 32) as *const i8);
-            }
-            let bytes = |i: usize| _mm512_loadu_si512(qs.add(i * row_bytes + p * 32) as *const _);
-            // The two chunks one after the other, the bytes loaded twice (the second time from
-            // L1): holding both chunks' codes for a 4 × 4 tile would spill registers.
-            let lo = std::array::from_fn(|i| with_high(_mm512_and_si512(bytes(i), low), i, p));
-            step(&mut acc, &lo, std::array::from_fn(|i| scale(i, p)), x, p);
-            let hi =
-                std::array::from_fn(|i| with_high(_mm512_and_si512(_mm512_srli_epi16(bytes(i), 4), low), i, p + 1));
-            step(&mut acc, &hi, std::array::from_fn(|i| scale(i, p + 1)), x, p + 1);
-            p += 2;
-        }
-        if p < chunks {
-            let mut last = [_mm512_setzero_si512(); R];
-            for (i, l) in last.iter_mut().enumerate() {
-                let v = _mm256_loadu_si256(qs.add(i * row_bytes + p * 32) as *const __m256i);
-                let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-                let high = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
-                *l = with_high(_mm512_inserti64x4(_mm512_castsi256_si512(lo), high, 1), i, p);
-            }
-            step(&mut acc, &last, std::array::from_fn(|i| scale(i, p)), x, p);
-        }
-    } else {
-        for p in 0..chunks {
-            let mut codes = [_mm512_setzero_si512(); R];
-            for (i, c) in codes.iter_mut().enumerate() {
-                _mm_prefetch::<_MM_HINT_T1>(qs.wrapping_add((2 * R + i) * row_bytes + p * CHUNK) as *const i8);
-                *c = _mm512_loadu_si512(qs.add(i * row_bytes + p * CHUNK) as *const _);
-            }
-            step(&mut acc, &codes, std::array::from_fn(|i| scale(i, p)), x, p);
+    let full = chunks / GROUP;
+    for g in 0..full {
+        group::<M, R, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
+    }
+    let at = full * GROUP;
+    match chunks - at {
+        0 => {}
+        1 => group::<M, R, BITS, 1>(&mut acc, wts, x, at, full),
+        2 => group::<M, R, BITS, 2>(&mut acc, wts, x, at, full),
+        _ => {
+            group::<M, R, BITS, 2>(&mut acc, wts, x, at, full);
+            group::<M, R, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
         }
     }
     for r in 0..M {
-        for i in 0..R {
-            let offset = if six {
-                -32.0 * dot_f32(wd.add(i * scales), a.sx16.as_ptr().add((r0 + r) * scales), scales)
-            } else {
-                dot_f32(w.m.as_ptr().add((c0 + i) * nb), a.sx.as_ptr().add((r0 + r) * nb), nb)
-            };
-            out.write((r0 + r) * w.rows + c0 + i, _mm512_reduce_add_ps(acc[r][i]) + offset);
+        // Every tile width sums a product in the same order, so a column's value does not
+        // depend on the tile it falls in.
+        let v = |i: usize| if i < R { acc[r][i] } else { _mm512_setzero_ps() };
+        let mut sums = [0f32; 4];
+        _mm_storeu_ps(sums.as_mut_ptr(), reduce4(v(0), v(1), v(2), v(3)));
+        for (i, &s) in sums.iter().enumerate().take(R) {
+            out.write((r0 + r) * w.rows + c0 + i, s);
         }
     }
 }
 
-/// Σ a[i]·b[i] for i < n (a in f16), 16 lanes at a time.
+/// The lane sums of four vectors, as one vector `[Σa, Σb, Σc, Σd]`: a transposing tree of
+/// adds, cheaper than four reductions. (Each sum's order is fixed, whatever the tile.)
 ///
 /// # Safety
-/// AVX-512 F, BW and VL; `a` and `b` point at `n` readable values (masked loads read no
-/// further).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F.
+#[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn dot_f32(a: *const u16, b: *const f32, n: usize) -> f32 {
-    let mut acc = _mm512_setzero_ps();
-    let mut i = 0;
-    while i < n {
-        let left = n - i;
-        let mask: __mmask16 = if left >= 16 { 0xFFFF } else { ((1u32 << left) - 1) as u16 };
-        let a16 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, a.add(i) as *const i16));
-        acc = _mm512_fmadd_ps(a16, _mm512_maskz_loadu_ps(mask, b.add(i)), acc);
-        i += 16;
-    }
-    _mm512_reduce_add_ps(acc)
+unsafe fn reduce4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
+    // Halves: [a.lo + a.hi, b.lo + b.hi] (256 bits each).
+    let ab = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b));
+    let cd = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(c, d), _mm512_shuffle_f32x4::<0xEE>(c, d));
+    // Quarters: 128-bit lanes [a, b, c, d], each the sum of its vector's four quarters.
+    let q = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(ab, cd), _mm512_shuffle_f32x4::<0xDD>(ab, cd));
+    // Within each quarter: all four lanes become its sum.
+    let q = _mm512_add_ps(q, _mm512_permute_ps::<0x4E>(q));
+    let q = _mm512_add_ps(q, _mm512_permute_ps::<0xB1>(q));
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), q))
 }

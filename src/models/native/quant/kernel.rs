@@ -6,7 +6,7 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
-use super::{half, position, Bits, QActs, QMatrix, CHUNK};
+use super::{group_count, half, locate, Bits, QActs, QMatrix, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::Level;
 use crate::models::native::out_ptr::OutPtr;
@@ -57,7 +57,8 @@ fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
     );
     let values = a.rows.checked_mul(a.padded);
     assert!(
-        values.is_some_and(|n| a.xq.len() >= n && a.dx.len() >= n / 32 && a.sx16.len() >= n / 16),
+        values.is_some_and(|n| a.xq.len() >= n && a.dx.len() >= n / 32 && a.sx16.len() >= n / 16)
+            && a.lane_dx.len().min(a.lane_sx.len()) >= a.rows * 16 * group_count(a.padded / CHUNK),
         "qmatmul activations"
     );
 }
@@ -70,7 +71,8 @@ fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
 pub unsafe fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     check(a, w, out, &cols);
     let nb = w.padded / 32;
-    let x: Vec<i8> = (0..a.rows * a.padded).map(|j| a.xq[j / CHUNK * CHUNK + position(j % CHUNK)]).collect();
+    let (len, chunks) = (a.padded, a.padded / CHUNK);
+    let x: Vec<i8> = (0..a.rows * len).map(|j| a.xq[j / len * len + locate(chunks, j % len)]).collect();
     let mut codes = vec![0u8; w.padded];
     for c in cols {
         for (i, q) in codes.iter_mut().enumerate() {

@@ -3,22 +3,27 @@
 //! Every supported GGUF block type (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K) is
 //! repacked at load into one layout: per 32 values an unsigned code `q` (4, 5, 6 or 8 bits), a
 //! scale `d` and an offset `m`, with `w = d·q + m`. (Q6_K scales every 16 values: its `d` is
-//! kept per 16 and its offset is always `−32·d`, see [`Bits::Six`].) Activations are quantized per 32 values to `x ≈ dx·xq` (i8), so
+//! kept per 16 and its offset is always `−32·d`, see [`Bits::Six`].) Activations are quantized
+//! per 32 values to `x ≈ dx·xq` (i8), so
 //!
 //!   Σ w·x ≈ Σ_blocks ( d·dx·Σ q·xq  +  m·sx ),   sx = dx·Σ xq,
 //!
 //! and the inner sum `Σ q·xq` is an integer dot product: one AVX-512 VNNI `vpdpbusd` covers 64
 //! values (u8 × i8), and each weight block is unpacked once for all activation rows. This is
 //! the scheme llama.cpp uses (quantized activations, integer dots); the single layout keeps one
-//! kernel for all four formats. Rows are padded to a multiple of 64 values with zero blocks.
+//! kernel for all the formats. Rows are padded to a multiple of 64 values with zero blocks.
 //!
-//! Within each 64-value chunk, codes (and quantized activations) are stored in *interleaved*
-//! order: 4 values of the first block, 4 of the second, and so on. `vpdpbusd` sums groups of 4
-//! bytes per lane, so lanes alternate between the two blocks and their scales are one 8-byte
-//! broadcast `[d0, d1, d0, d1, …]`. 4-bit codes of two neighbouring chunks share 64 bytes (low
-//! nibbles for the first chunk, high for the second), so one load and three operations unpack
-//! 128 codes. 5- and 6-bit codes keep their low 4 bits the same way and their high bits in a
-//! second plane (see [`Bits`]), or'd in above the nibble after unpacking.
+//! **Lane groups.** `vpdpbusd` sums 4 bytes into each of 16 i32 lanes. Codes (and quantized
+//! activations) are stored so that a lane keeps to one 16-value sub-block over a *group* of 4
+//! chunks (256 values): lane `l` of chunk `c` holds values `16l + 4c .. 16l + 4c + 4` of the
+//! group. The integer sums of a whole group then add up in one register, and the scales are
+//! applied once per group, as one 16-lane vector (a 32-value block's scale on two lanes, or
+//! Q6_K's per-16 scales one a lane), not once per chunk. A row whose chunks are not a multiple
+//! of 4 ends in a group of 2 and/or 1 chunk, laid out the same way with 8 or 4 values per lane
+//! (see [`groups`]). 4-bit codes of two neighbouring chunks share 64 bytes (low nibbles for the
+//! first chunk, high for the second), so one load and three operations unpack 128 codes. 5- and
+//! 6-bit codes keep their low 4 bits the same way and their high bits in a second plane (see
+//! [`Bits`]), or'd in above the nibble after unpacking.
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -35,6 +40,54 @@ pub use kernel::{qmatmul, qmatmul_parallel, qmatmul_portable};
 
 /// Values per chunk the kernels step over (two 32-value blocks).
 const CHUNK: usize = 64;
+/// Chunks per full lane group (256 values).
+const GROUP: usize = 4;
+
+/// The lane groups of a row of `chunks` chunks, as (first chunk, chunks in it): groups of 4,
+/// then the rest as a group of 2 and/or 1 (16 lanes cannot share 3 chunks' 6 blocks evenly).
+fn groups(chunks: usize) -> impl Iterator<Item = (usize, usize)> {
+    let full = chunks / GROUP * GROUP;
+    let tail: &[(usize, usize)] = match chunks - full {
+        0 => &[],
+        1 => &[(0, 1)],
+        2 => &[(0, 2)],
+        _ => &[(0, 2), (2, 1)],
+    };
+    (0..full).step_by(GROUP).map(|c| (c, GROUP)).chain(tail.iter().map(move |&(at, n)| (full + at, n)))
+}
+
+/// The number of lane groups of a row of `chunks` chunks.
+fn group_count(chunks: usize) -> usize {
+    chunks / GROUP + [0, 1, 1, 2][chunks % GROUP]
+}
+
+/// The group (first chunk, chunks) that holds chunk `c` of a row of `chunks` chunks.
+fn group_of(chunks: usize, c: usize) -> (usize, usize) {
+    let full = chunks / GROUP * GROUP;
+    match (c < full, chunks - full) {
+        (true, _) => (c / GROUP * GROUP, GROUP),
+        (false, 3) if c == full + 2 => (full + 2, 1),
+        (false, rest) => (full, rest.min(2)),
+    }
+}
+
+/// Where value `i` of a row of `chunks` chunks is stored (chunk · 64 + byte): lane `l` of a
+/// group of `n` chunks holds values `4n·l .. 4n·(l + 1)` of the group, 4 in each chunk.
+fn locate(chunks: usize, i: usize) -> usize {
+    let (start, n) = group_of(chunks, i / CHUNK);
+    let v = i - start * CHUNK;
+    let (lane, o) = (v / (4 * n), v % (4 * n));
+    (start + o / 4) * CHUNK + lane * 4 + o % 4
+}
+
+/// Moves a group's values from natural order (`from`, `64·n` of them) into lane order (`to`).
+fn scatter<T: Copy>(from: &[T], to: &mut [T], n: usize) {
+    for (lane, values) in from.chunks_exact(4 * n).enumerate() {
+        for (c, four) in values.chunks_exact(4).enumerate() {
+            to[c * CHUNK + lane * 4..][..4].copy_from_slice(four);
+        }
+    }
+}
 
 /// Bits per code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,12 +195,11 @@ impl QMatrix {
     }
 
     fn push_row(&mut self, codes: &[u8], d: &[f32], m: &[f32]) {
-        // Reorder each chunk into interleaved positions.
+        // Reorder each group into lane order.
         let mut ordered = vec![0u8; codes.len()];
-        for (c, chunk) in codes.chunks_exact(CHUNK).enumerate() {
-            for (v, &q) in chunk.iter().enumerate() {
-                ordered[c * CHUNK + position(v)] = q;
-            }
+        for (start, n) in groups(codes.len() / CHUNK) {
+            let at = start * CHUNK..(start + n) * CHUNK;
+            scatter(&codes[at.clone()], &mut ordered[at], n);
         }
         if self.bits == Bits::Eight {
             self.qs.extend_from_slice(&ordered);
@@ -173,13 +225,8 @@ impl QMatrix {
                 self.hi.extend_from_slice(&bytes);
             }
         }
-        if self.bits == Bits::Six {
-            // Natural order (per 16 values) to the kernels' lane order within each chunk.
-            for q in d.chunks_exact(4) {
-                self.d.extend([q[0], q[2], q[1], q[3]].map(|x| f16::from_f32(x).to_bits()));
-            }
-        } else {
-            self.d.extend(d.iter().map(|&x| f16::from_f32(x).to_bits()));
+        self.d.extend(d.iter().map(|&x| f16::from_f32(x).to_bits()));
+        if self.bits != Bits::Six {
             self.m.extend(m.iter().map(|&x| f16::from_f32(x).to_bits()));
         }
     }
@@ -230,7 +277,8 @@ impl QMatrix {
     /// The code of value `i` of row `r`.
     fn code(&self, r: usize, i: usize) -> u8 {
         let qs = self.row_qs(r);
-        let (chunk, pos) = (i / CHUNK, position(i % CHUNK));
+        let at = locate(self.padded / CHUNK, i);
+        let (chunk, pos) = (at / CHUNK, at % CHUNK);
         let low = match self.bits {
             Bits::Eight => return qs[chunk * CHUNK + pos],
             _ if chunk % 2 == 1 => qs[(chunk - 1) * 32 + pos] >> 4,
@@ -256,7 +304,7 @@ impl QMatrix {
     /// The scale and offset of value `i` of row `r`.
     fn scale(&self, r: usize, i: usize) -> (f32, f32) {
         if self.bits == Bits::Six {
-            let d = half(self.d[r * self.padded / 16 + six_scale(i)]);
+            let d = half(self.d[r * self.padded / 16 + i / 16]);
             return (d, -32.0 * d);
         }
         let b = r * self.padded / 32 + i / 32;
@@ -270,13 +318,6 @@ impl QMatrix {
             *o = d * self.code(r, i) as f32 + m;
         }
     }
-}
-
-/// Where the per-16 scale of value `i` of a row sits in a `Six` row's scales: per chunk
-/// (block 0, 0..16), (block 1, 0..16), (block 0, 16..32), (block 1, 16..32).
-fn six_scale(i: usize) -> usize {
-    let (chunk, v) = (i / CHUNK, i % CHUNK);
-    chunk * 4 + (v % 32 / 16) * 2 + v / 32
 }
 
 /// Decodes one GGUF row into unsigned codes and per-32 scales and offsets (`w = d·q + m`;
@@ -375,16 +416,9 @@ fn half(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
 }
 
-/// Where value `v` (0..64) of a chunk is stored: 4 values of the first block, 4 of the second,
-/// alternating.
-fn position(v: usize) -> usize {
-    let (block, j) = (v / 32, v % 32);
-    ((j / 4) * 2 + block) * 4 + j % 4
-}
-
-/// Activation rows quantized per 32 values: `xq` (i8, in interleaved chunk order), `dx`, and
-/// `sx = dx·Σxq`; `sx16`, the same sums per 16 values in `Six`'s scale order (for Q6_K's
-/// offsets).
+/// Activation rows quantized per 32 values: `xq` (i8, in lane order), `dx` and `sx = dx·Σxq`
+/// per 32 values, `sx16` the same sums per 16 values (for Q6_K's offsets); and per lane group
+/// of each row, 16 lanes of `dx` (each lane's block's) and of `dx·Σxq` over each lane's values.
 #[derive(Debug, Default)]
 pub struct QActs {
     rows: usize,
@@ -393,6 +427,10 @@ pub struct QActs {
     dx: Vec<f32>,
     sx: Vec<f32>,
     sx16: Vec<f32>,
+    lane_dx: Vec<f32>,
+    lane_sx: Vec<f32>,
+    /// Scratch: one row's `xq` in natural order.
+    natural: Vec<i8>,
 }
 
 impl QActs {
@@ -407,36 +445,55 @@ impl QActs {
         self.dx.resize(m * nb, 0.0);
         self.sx.resize(m * nb, 0.0);
         self.sx16.resize(m * 2 * nb, 0.0);
-        quantize_blocks(x, k, padded, &mut self.xq, &mut self.dx, &mut self.sx, &mut self.sx16);
+        self.lane_dx.resize(m * 16 * group_count(padded / CHUNK), 0.0);
+        self.lane_sx.resize(m * 16 * group_count(padded / CHUNK), 0.0);
+        self.natural.resize(padded, 0);
+        let chunks = padded / CHUNK;
+        let mut lanes = self.lane_dx.chunks_exact_mut(16).zip(self.lane_sx.chunks_exact_mut(16));
+        for (r, row) in x.chunks_exact(k).take(m).enumerate() {
+            let dx = &mut self.dx[r * nb..][..nb];
+            quantize_row(
+                row,
+                &mut self.natural,
+                dx,
+                &mut self.sx[r * nb..][..nb],
+                &mut self.sx16[r * 2 * nb..][..2 * nb],
+            );
+            let xq = &mut self.xq[r * padded..][..padded];
+            for ((start, n), (lane_dx, lane_sx)) in groups(chunks).zip(&mut lanes) {
+                let at = start * CHUNK..(start + n) * CHUNK;
+                // Lane l of the group covers values 4n·l.. of it, in block (start·64 + 4n·l) / 32.
+                for (l, values) in self.natural[at.clone()].chunks_exact(4 * n).enumerate() {
+                    lane_dx[l] = dx[(start * CHUNK + 4 * n * l) / 32];
+                    lane_sx[l] = lane_dx[l] * values.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+                }
+                scatter(&self.natural[at.clone()], &mut xq[at], n);
+            }
+        }
     }
 }
 
 multiversion! {
-    /// Per 32 values of each row of `x` (rows of `k`, padded to `padded` with zeros):
-    /// `dx = max|x| / 127`, `xq = round(x / dx)`, `sx = dx·Σxq`, and `sx16` per 16 values.
-    fn quantize_blocks(
-        x: &[f32], k: usize, padded: usize, xq: &mut [i8], dx: &mut [f32], sx: &mut [f32], sx16: &mut [f32],
-    ) {
-        let nb = padded / 32;
-        for (r, row) in x.chunks_exact(k).enumerate() {
-            for b in 0..nb {
-                let vals = &row[(b * 32).min(k)..((b + 1) * 32).min(k)];
-                let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                let chunk = &mut xq[r * padded + b / 2 * CHUNK..][..CHUNK];
-                let mut sums = [0i32; 2];
-                for (j, &v) in vals.iter().enumerate() {
-                    let q = (v * inv).round_ties_even() as i8;
-                    chunk[position((b % 2) * 32 + j)] = q;
-                    sums[j / 16] += q as i32;
-                }
-                dx[r * nb + b] = d;
-                sx[r * nb + b] = d * (sums[0] + sums[1]) as f32;
-                for (half, sum) in sums.into_iter().enumerate() {
-                    sx16[r * 2 * nb + six_scale(b * 32 + half * 16)] = d * sum as f32;
-                }
+    /// Per 32 values of `x` (padded to `xq.len()` with zeros): `dx = max|x| / 127`,
+    /// `xq = round(x / dx)`, `sx = dx·Σxq`, and `sx16` per 16 values; all in natural order.
+    fn quantize_row(x: &[f32], xq: &mut [i8], dx: &mut [f32], sx: &mut [f32], sx16: &mut [f32]) {
+        let k = x.len();
+        for (b, block) in xq.chunks_exact_mut(32).enumerate() {
+            let vals = &x[(b * 32).min(k)..((b + 1) * 32).min(k)];
+            let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sums = [0i32; 2];
+            block.iter_mut().for_each(|q| *q = 0);
+            for (j, &v) in vals.iter().enumerate() {
+                let q = (v * inv).round_ties_even() as i8;
+                block[j] = q;
+                sums[j / 16] += q as i32;
             }
+            dx[b] = d;
+            sx[b] = d * (sums[0] + sums[1]) as f32;
+            sx16[2 * b] = d * sums[0] as f32;
+            sx16[2 * b + 1] = d * sums[1] as f32;
         }
     }
 }
