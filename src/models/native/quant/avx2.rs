@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{group_count, half, Bits, QActs, QMatrix, CHUNK, GROUP};
+use super::{group_count, Bits, QActs, QMatrix, Scales, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and activation rows per group.
@@ -98,11 +98,12 @@ struct Weights {
     row_bytes: usize,
     plane: *const u8,
     hi_row: usize,
+    scales: Scales,
+    /// The `d`, `m` and `sub` parts of the scales (see [`Scales`]), and their lengths per row.
     d: *const u16,
-    /// Scales per row: per 32 values, or per 16 for Q6_K.
-    scales: usize,
-    /// Offsets per 32 values (none for Q6_K).
     m: *const u16,
+    sub: *const u8,
+    per_row: (usize, usize, usize),
 }
 
 /// A group's activation rows from its first, as raw pointers.
@@ -127,20 +128,20 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool, const BITS:
     c0: usize,
     out: &OutPtr,
 ) {
-    let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let six = BITS == 6;
     let row_bytes = w.bits.row_bytes(w.padded);
     let hi_row = w.hi_row_bytes();
-    let scales = if six { 2 * nb } else { nb };
+    let per_row = w.per_row();
     let wts = Weights {
         qs: w.qs.as_ptr().add(c0 * row_bytes),
         row_bytes,
         plane: w.hi.as_ptr().add(c0 * hi_row),
         hi_row,
-        d: w.d.as_ptr().add(c0 * scales),
-        scales,
-        m: w.m.as_ptr().wrapping_add(c0 * scales),
+        scales: w.scales,
+        d: w.d.as_ptr().add(c0 * per_row.0),
+        m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
+        sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
+        per_row,
     };
     let groups = group_count(chunks);
     let x = Acts {
@@ -195,16 +196,11 @@ unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8
         }
         for h in 0..2 {
             let q = codes::<VNNI, BITS, C>(w, i, start, h);
-            let scale = lanes::<BITS, C>(w.d, w.scales, i, start, h);
-            let offset = match BITS {
-                // Q6_K's offset is −32·d.
-                6 => _mm256_mul_ps(scale, _mm256_set1_ps(-32.0)),
+            let (scale, mut offset) = scales::<C>(w, i, start, h);
+            if BITS == 8 && !VNNI {
                 // Signed codes `q − 128`: the 128 comes back here.
-                8 if !VNNI => {
-                    _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), lanes::<BITS, C>(w.m, w.scales, i, start, h))
-                }
-                _ => lanes::<BITS, C>(w.m, w.scales, i, start, h),
-            };
+                offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), offset);
+            }
             for (r, a) in acc_i.iter_mut().enumerate() {
                 let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
                 let dot = dot::<VNNI, BITS, C>(&q, xq);
@@ -305,36 +301,76 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
     dot
 }
 
-/// The scales (`d`) or offsets (`m`) of weight row `i` on lanes `8h..8h + 8` of the group of
-/// `C` chunks from `start`, from `per_row` values a row at `p`.
+/// The scales and offsets of weight row `i` on lanes `8h..8h + 8` of the group of `C` chunks
+/// from `start`.
 ///
 /// # Safety
-/// AVX2 and F16C; the group lies within row `i`.
+/// AVX2 and F16C; the group lies within row `i`; `C` is 4 for the K-quants (whose rows are
+/// whole groups).
 #[inline(always)]
-unsafe fn lanes<const BITS: u8, const C: usize>(
-    p: *const u16,
-    per_row: usize,
-    i: usize,
-    start: usize,
-    h: usize,
-) -> __m256 {
-    let d = p.add(i * per_row);
-    if BITS == 6 {
-        // Per 16 values: one a lane.
-        return _mm256_cvtph_ps(_mm_loadu_si128(d.add(start * 4 + 8 * h) as *const __m128i));
+unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize, h: usize) -> (__m256, __m256) {
+    let (per_d, per_m, per_sub) = w.per_row;
+    match w.scales {
+        Scales::Block { implied } => {
+            let d = per_block::<C>(w.d.add(i * per_d + start * 2), h);
+            let m = match implied {
+                Some(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
+                None => per_block::<C>(w.m.add(i * per_m + start * 2), h),
+            };
+            (d, m)
+        }
+        Scales::Super => {
+            // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; this half's
+            // lanes are bytes 8h.. of those.
+            let g = start / GROUP;
+            let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+            let (mut sc, mut mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
+            if h == 1 {
+                (sc, mn) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
+            }
+            let (sc, mn) = (_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+            let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
+            (_mm256_mul_ps(d, sc), _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), mn))
+        }
+        Scales::Six => {
+            // One i8 scale a lane.
+            let g = start / GROUP;
+            let mut bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+            if h == 1 {
+                bytes = _mm_srli_si128::<8>(bytes);
+            }
+            let d = _mm256_mul_ps(splat(*w.d.add(i * per_d + g)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+            (d, _mm256_mul_ps(d, _mm256_set1_ps(-32.0)))
+        }
     }
-    // Per 32 values: lane l of the group is in block (4C·l) / 32 of it.
-    let blocks = d.add(start * 2);
+}
+
+/// f16 bits as an f32 in every lane.
+///
+/// # Safety
+/// F16C.
+#[inline(always)]
+unsafe fn splat(bits: u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+}
+
+/// Per-32 f16 values from `p` on lanes `8h..8h + 8` of a group of `C` chunks: lane l of the
+/// group is in block (4C·l) / 32 of it.
+///
+/// # Safety
+/// AVX2 and F16C; `p` points at 2·C readable values.
+#[inline(always)]
+unsafe fn per_block<const C: usize>(p: *const u16, h: usize) -> __m256 {
     match C {
         4 => {
-            let four = _mm256_cvtph_ps(_mm_loadl_epi64(blocks.add(4 * h) as *const __m128i));
+            let four = _mm256_cvtph_ps(_mm_loadl_epi64(p.add(4 * h) as *const __m128i));
             _mm256_permutevar8x32_ps(four, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))
         }
         2 => {
-            let two = _mm256_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blocks.add(2 * h) as *const i32)));
+            let two = _mm256_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p.add(2 * h) as *const i32)));
             _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
         }
-        _ => _mm256_set1_ps(half(*blocks.add(h))),
+        _ => splat(*p.add(h)),
     }
 }
 

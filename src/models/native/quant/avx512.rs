@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{group_count, Bits, QActs, QMatrix, CHUNK, GROUP};
+use super::{group_count, Bits, QActs, QMatrix, Scales, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and activation rows per group.
@@ -94,11 +94,12 @@ struct Weights {
     row_bytes: usize,
     plane: *const u8,
     hi_row: usize,
+    scales: Scales,
+    /// The `d`, `m` and `sub` parts of the scales (see [`Scales`]), and their lengths per row.
     d: *const u16,
-    /// Scales per row: per 32 values, or per 16 for Q6_K.
-    scales: usize,
-    /// Offsets per 32 values (none for Q6_K).
     m: *const u16,
+    sub: *const u8,
+    per_row: (usize, usize, usize),
 }
 
 /// A group's activation rows from its first, as raw pointers.
@@ -151,31 +152,70 @@ unsafe fn codes<const BITS: u8, const C: usize>(w: Weights, i: usize, start: usi
     out
 }
 
-/// The scales (`d`) or offsets (`m`) of weight row `i` over the group of `C` chunks from
-/// `start`, one per lane, from `per_row` values a row at `p`.
+/// The scales and offsets of weight row `i` over the group of `C` chunks from `start`, one
+/// per lane.
 ///
 /// # Safety
-/// AVX-512 F; the group lies within row `i`.
+/// AVX-512 F; the group lies within row `i`; `C` is 4 for the K-quants (whose rows are whole
+/// groups).
 #[inline(always)]
-unsafe fn lanes<const BITS: u8, const C: usize>(p: *const u16, per_row: usize, i: usize, start: usize) -> __m512 {
-    let row = p.add(i * per_row);
-    if BITS == 6 {
-        // Per 16 values: one a lane.
-        return _mm512_cvtph_ps(_mm256_loadu_si256(row.add(start * 4) as *const __m256i));
+unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize) -> (__m512, __m512) {
+    let (per_d, per_m, per_sub) = w.per_row;
+    match w.scales {
+        Scales::Block { implied } => {
+            let d = per_block::<C>(w.d.add(i * per_d + start * 2));
+            let m = match implied {
+                Some(k) => _mm512_mul_ps(d, _mm512_set1_ps(k)),
+                None => per_block::<C>(w.m.add(i * per_m + start * 2)),
+            };
+            (d, m)
+        }
+        Scales::Super => {
+            // The 8 `sc` then the 8 `mn` as 16 floats; lanes 2j, 2j + 1 hold block j.
+            let g = start / GROUP;
+            let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+            let both = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+            let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            let (sc, mn) = (
+                _mm512_permutexvar_ps(lanes, both),
+                _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8)), both),
+            );
+            let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
+            (_mm512_mul_ps(d, sc), _mm512_fnmadd_ps(dmin, mn, _mm512_setzero_ps()))
+        }
+        Scales::Six => {
+            // One i8 scale a lane.
+            let g = start / GROUP;
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                w.sub.add(i * per_sub + 16 * g) as *const __m128i
+            )));
+            let d = _mm512_mul_ps(splat(*w.d.add(i * per_d + g)), sc);
+            (d, _mm512_mul_ps(d, _mm512_set1_ps(-32.0)))
+        }
     }
-    // Per 32 values: block j of the group's 2·C on lanes 8j/C .. 8(j+1)/C.
-    let blocks = row.add(start * 2);
+}
+
+/// f16 bits as an f32 in every lane.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+unsafe fn splat(bits: u16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
+}
+
+/// Per-32 f16 values from `p` over a group of `C` chunks, one per lane: block j of the group's
+/// 2·C on lanes 8j/C .. 8(j+1)/C.
+///
+/// # Safety
+/// AVX-512 F; `p` points at 2·C readable values.
+#[inline(always)]
+unsafe fn per_block<const C: usize>(p: *const u16) -> __m512 {
     let (halves, lane_block) = match C {
-        4 => (
-            _mm_loadu_si128(blocks as *const __m128i),
-            _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-        ),
-        2 => (
-            _mm_loadl_epi64(blocks as *const __m128i),
-            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-        ),
+        4 => (_mm_loadu_si128(p as *const __m128i), _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)),
+        2 => (_mm_loadl_epi64(p as *const __m128i), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
         _ => (
-            _mm_cvtsi32_si128(std::ptr::read_unaligned(blocks as *const i32)),
+            _mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)),
             _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
         ),
     };
@@ -212,13 +252,7 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     let (mut scale, mut offset) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
     for i in 0..R {
         q[i] = codes::<BITS, C>(w, i, start);
-        scale[i] = lanes::<BITS, C>(w.d, w.scales, i, start);
-        // Q6_K's offset is −32·d.
-        offset[i] = if BITS == 6 {
-            _mm512_mul_ps(scale[i], _mm512_set1_ps(-32.0))
-        } else {
-            lanes::<BITS, C>(w.m, w.scales, i, start)
-        };
+        (scale[i], offset[i]) = scales::<C>(w, i, start);
     }
     for r in 0..M {
         let xq = x.xq.add(r * x.padded + start * CHUNK);
@@ -252,20 +286,20 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
     c0: usize,
     out: OutPtr,
 ) {
-    let nb = w.padded / 32;
     let chunks = w.padded / CHUNK;
-    let six = BITS == 6;
     let row_bytes = w.bits.row_bytes(w.padded);
     let hi_row = w.hi_row_bytes();
-    let scales = if six { 2 * nb } else { nb };
+    let per_row = w.per_row();
     let wts = Weights {
         qs: w.qs.as_ptr().add(c0 * row_bytes),
         row_bytes,
         plane: w.hi.as_ptr().add(c0 * hi_row),
         hi_row,
-        d: w.d.as_ptr().add(c0 * scales),
-        scales,
-        m: w.m.as_ptr().wrapping_add(c0 * scales),
+        scales: w.scales,
+        d: w.d.as_ptr().add(c0 * per_row.0),
+        m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
+        sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
+        per_row,
     };
     let groups = group_count(chunks);
     let x = Acts {

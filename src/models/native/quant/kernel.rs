@@ -6,7 +6,7 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
-use super::{group_count, half, locate, Bits, QActs, QMatrix, CHUNK};
+use super::{group_count, locate, QActs, QMatrix, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::Level;
 use crate::models::native::out_ptr::OutPtr;
@@ -74,23 +74,22 @@ pub unsafe fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<
     let (len, chunks) = (a.padded, a.padded / CHUNK);
     let x: Vec<i8> = (0..a.rows * len).map(|j| a.xq[j / len * len + locate(chunks, j % len)]).collect();
     let mut codes = vec![0u8; w.padded];
+    let mut scales = vec![(0f32, 0f32); w.padded / 16];
     for c in cols {
         for (i, q) in codes.iter_mut().enumerate() {
             *q = w.code(c, i);
         }
+        // Every type's scale and offset are constant over 16 values.
+        for (h, s) in scales.iter_mut().enumerate() {
+            *s = w.scale(c, h * 16);
+        }
         for (r, xr) in x.chunks_exact(a.padded).enumerate() {
             let mut acc = 0f32;
-            // Per 16 values: Q6_K's scales are that fine, and the others' are equal in pairs.
             for (h, (qh, xh)) in codes.chunks_exact(16).zip(xr.chunks_exact(16)).enumerate() {
                 let dot: i32 = qh.iter().zip(xh).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum();
-                let (d, b) = (w.scale(c, h * 16).0, h / 2);
-                acc += d * a.dx[r * nb + b] * dot as f32;
+                let (d, m) = scales[h];
+                acc += d * a.dx[r * nb + h / 2] * dot as f32 + m * a.sx16[r * 2 * nb + h];
             }
-            acc += if w.bits == Bits::Six {
-                -32.0 * (0..2 * nb).map(|j| half(w.d[c * 2 * nb + j]) * a.sx16[r * 2 * nb + j]).sum::<f32>()
-            } else {
-                (0..nb).map(|b| half(w.m[c * nb + b]) * a.sx[r * nb + b]).sum::<f32>()
-            };
             // SAFETY: `write` checks the bounds; the caller owns column `c` of `out`.
             unsafe { out.write(r * w.rows + c, acc) };
         }

@@ -29,11 +29,13 @@ use candle_core::quantized::GgmlDType;
 use half::f16;
 
 use crate::error::{Error, Result};
+use decode::{decode_row, RowScales};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod decode;
 mod kernel;
 
 pub use kernel::{qmatmul, qmatmul_parallel, qmatmul_portable};
@@ -99,10 +101,7 @@ pub enum Bits {
     /// of byte b is the fifth bit of position 8k + b.
     Five,
     /// Q6_K: the low 4 bits as in `Four`, and per chunk 16 bytes of high bits: bits 2k..2k+2 of
-    /// byte b are the top two bits of position 16k + b. The scale `d` is kept per 16 values,
-    /// per chunk in the order (block 0, values 0..16), (block 1, 0..16), (block 0, 16..32),
-    /// (block 1, 16..32): the lane order of a 256-bit half chunk. The offset is `−32·d`, so `m`
-    /// is empty and the kernels subtract `32·Σ d·sx16` (see [`QActs`]).
+    /// byte b are the top two bits of position 16k + b.
     Six,
     /// One code per byte.
     Eight,
@@ -128,6 +127,22 @@ impl Bits {
     }
 }
 
+/// How a matrix holds its scales `d` and offsets `m` (`w = d·q + m`): as the file does, so that
+/// the bytes streamed per product are (about) the file's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scales {
+    /// Per 32 values an f16 `d` and an f16 `m` (Q4_1, Q5_1) or, where `implied` is set,
+    /// `m = implied·d` (Q8_0: −128, its codes being stored plus 128; Q4_0: −8; Q5_0: −16).
+    Block { implied: Option<f32> },
+    /// Q4_K, Q5_K: per 256 values an f16 `d` and `dmin`; per 32 values a 6-bit scale `sc` and
+    /// min `mn`, a byte each (per 256 values 16 bytes of `sub`: the 8 `sc`, then the 8 `mn`):
+    /// `d·sc` and `−dmin·mn`.
+    Super,
+    /// Q6_K: per 256 values an f16 `d`; per 16 values an i8 scale `sc` (16 bytes of `sub`):
+    /// `d·sc`, and the offset `−32·d·sc`.
+    Six,
+}
+
 /// A quantized (rows, cols) weight matrix in the engine's layout.
 #[derive(Debug, Clone)]
 pub struct QMatrix {
@@ -135,14 +150,16 @@ pub struct QMatrix {
     cols: usize,
     padded: usize,
     bits: Bits,
+    scales: Scales,
     qs: Vec<u8>,
     /// The high bits of 5- and 6-bit codes (`padded / 8 · high_bits` bytes per row).
     hi: Vec<u8>,
-    /// Scales and offsets per 32 values (scales per 16 for `Six`, no offsets), as f16 bits
-    /// (exact for the types that store them in f16; within 2^-11 for the K-quants' products of
-    /// two scales).
+    /// f16 bits: `d` and `m` per 32 values (`Block`), or `d` and `dmin` per 256 (`Super`,
+    /// `Six`), see [`Scales`].
     d: Vec<u16>,
     m: Vec<u16>,
+    /// Sub-block scales of `Super` and `Six`, 16 bytes per 256 values.
+    sub: Vec<u8>,
 }
 
 impl QMatrix {
@@ -178,23 +195,51 @@ impl QMatrix {
                 "Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K or Q6_K with whole blocks per row",
             ));
         };
+        let scales = match dtype {
+            GgmlDType::Q4K | GgmlDType::Q5K => Scales::Super,
+            GgmlDType::Q6K => Scales::Six,
+            GgmlDType::Q8_0 => Scales::Block { implied: Some(-128.0) },
+            GgmlDType::Q4_0 => Scales::Block { implied: Some(-8.0) },
+            GgmlDType::Q5_0 => Scales::Block { implied: Some(-16.0) },
+            _ => Scales::Block { implied: None },
+        };
         let padded = cols.div_ceil(CHUNK) * CHUNK;
-        let mut out = Self { rows, cols, padded, bits, qs: Vec::new(), hi: Vec::new(), d: Vec::new(), m: Vec::new() };
+        let mut out = Self {
+            rows,
+            cols,
+            padded,
+            bits,
+            scales,
+            qs: Vec::new(),
+            hi: Vec::new(),
+            d: Vec::new(),
+            m: Vec::new(),
+            sub: Vec::new(),
+        };
         let row_bytes = cols / block * dtype.type_size();
-        // Q6_K's scales are per 16 values.
-        let scales = if bits == Bits::Six { padded / 16 } else { padded / 32 };
-        let (mut codes, mut d, mut m) = (vec![0u8; padded], vec![0f32; scales], vec![0f32; padded / 32]);
+        let per_row = out.per_row();
+        let mut codes = vec![0u8; padded];
+        let mut s = RowScales { d: vec![0.0; per_row.0], m: vec![0.0; per_row.0], sub: vec![0; per_row.2] };
         for row in bytes.chunks_exact(row_bytes) {
             codes.iter_mut().for_each(|c| *c = 0);
-            d.iter_mut().for_each(|x| *x = 0.0);
-            m.iter_mut().for_each(|x| *x = 0.0);
-            decode_row(dtype, row, &mut codes, &mut d, &mut m);
-            out.push_row(&codes, &d, &m);
+            s.d.iter_mut().chain(&mut s.m).for_each(|x| *x = 0.0);
+            decode_row(dtype, row, &mut codes, &mut s);
+            out.push_row(&codes, &s);
         }
         Ok(out)
     }
 
-    fn push_row(&mut self, codes: &[u8], d: &[f32], m: &[f32]) {
+    /// Per row: the `d` values, the `m` values, and the bytes of `sub`.
+    fn per_row(&self) -> (usize, usize, usize) {
+        let (blocks, supers) = (self.padded / 32, self.padded / 256);
+        match self.scales {
+            Scales::Block { implied } => (blocks, if implied.is_some() { 0 } else { blocks }, 0),
+            Scales::Super => (supers, supers, 16 * supers),
+            Scales::Six => (supers, 0, 16 * supers),
+        }
+    }
+
+    fn push_row(&mut self, codes: &[u8], s: &RowScales) {
         // Reorder each group into lane order.
         let mut ordered = vec![0u8; codes.len()];
         for (start, n) in groups(codes.len() / CHUNK) {
@@ -225,10 +270,11 @@ impl QMatrix {
                 self.hi.extend_from_slice(&bytes);
             }
         }
-        self.d.extend(d.iter().map(|&x| f16::from_f32(x).to_bits()));
-        if self.bits != Bits::Six {
-            self.m.extend(m.iter().map(|&x| f16::from_f32(x).to_bits()));
-        }
+        // The scales come from f16 values of the file: exact.
+        let (d, m, _) = self.per_row();
+        self.d.extend(s.d[..d].iter().map(|&x| f16::from_f32(x).to_bits()));
+        self.m.extend(s.m[..m].iter().map(|&x| f16::from_f32(x).to_bits()));
+        self.sub.extend_from_slice(&s.sub);
     }
 
     /// Stacks matrices of the same width and code size by rows; `None` for an empty list or
@@ -237,7 +283,7 @@ impl QMatrix {
         let mut it = parts.into_iter();
         let mut first = it.next()?;
         for p in it {
-            if p.cols != first.cols || p.bits != first.bits {
+            if p.cols != first.cols || p.bits != first.bits || p.scales != first.scales {
                 return None;
             }
             first.rows += p.rows;
@@ -245,6 +291,7 @@ impl QMatrix {
             first.hi.extend(p.hi);
             first.d.extend(p.d);
             first.m.extend(p.m);
+            first.sub.extend(p.sub);
         }
         Some(first)
     }
@@ -261,7 +308,7 @@ impl QMatrix {
 
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.qs.len() + self.hi.len() + 2 * (self.d.len() + self.m.len())
+        self.qs.len() + self.hi.len() + 2 * (self.d.len() + self.m.len()) + self.sub.len()
     }
 
     fn row_qs(&self, r: usize) -> &[u8] {
@@ -303,12 +350,24 @@ impl QMatrix {
 
     /// The scale and offset of value `i` of row `r`.
     fn scale(&self, r: usize, i: usize) -> (f32, f32) {
-        if self.bits == Bits::Six {
-            let d = half(self.d[r * self.padded / 16 + i / 16]);
-            return (d, -32.0 * d);
+        let (per_d, per_m, per_sub) = self.per_row();
+        match self.scales {
+            Scales::Block { implied } => {
+                let (b, d) = (i / 32, half(self.d[r * per_d + i / 32]));
+                (d, implied.map_or_else(|| half(self.m[r * per_m + b]), |k| k * d))
+            }
+            Scales::Super => {
+                let (g, b) = (i / 256, i % 256 / 32);
+                let sub = &self.sub[r * per_sub + 16 * g..][..16];
+                let (d, dmin) = (half(self.d[r * per_d + g]), half(self.m[r * per_m + g]));
+                (d * f32::from(sub[b]), -dmin * f32::from(sub[8 + b]))
+            }
+            Scales::Six => {
+                let sc = self.sub[r * per_sub + i / 16] as i8;
+                let d = half(self.d[r * per_d + i / 256]) * f32::from(sc);
+                (d, -32.0 * d)
+            }
         }
-        let b = r * self.padded / 32 + i / 32;
-        (half(self.d[b]), half(self.m[b]))
     }
 
     /// Row `r` as f32 values (`cols` of them) into `out`.
@@ -317,98 +376,6 @@ impl QMatrix {
             let (d, m) = self.scale(r, i);
             *o = d * self.code(r, i) as f32 + m;
         }
-    }
-}
-
-/// Decodes one GGUF row into unsigned codes and per-32 scales and offsets (`w = d·q + m`;
-/// Q6_K: per-16 scales in natural order, offsets implied).
-fn decode_row(dtype: GgmlDType, row: &[u8], codes: &mut [u8], d: &mut [f32], m: &mut [f32]) {
-    let h = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    match dtype {
-        GgmlDType::Q8_0 => {
-            for (b, blk) in row.chunks_exact(34).enumerate() {
-                d[b] = h(blk, 0);
-                m[b] = -128.0 * d[b];
-                for (j, &q) in blk[2..].iter().enumerate() {
-                    codes[b * 32 + j] = (q as i8 as i16 + 128) as u8;
-                }
-            }
-        }
-        GgmlDType::Q4_0 | GgmlDType::Q4_1 => {
-            let size = dtype.type_size();
-            for (b, blk) in row.chunks_exact(size).enumerate() {
-                d[b] = h(blk, 0);
-                m[b] = if dtype == GgmlDType::Q4_0 { -8.0 * d[b] } else { h(blk, 2) };
-                let qs = &blk[size - 16..];
-                for j in 0..16 {
-                    codes[b * 32 + j] = qs[j] & 0xF;
-                    codes[b * 32 + j + 16] = qs[j] >> 4;
-                }
-            }
-        }
-        GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
-            let size = dtype.type_size();
-            for (b, blk) in row.chunks_exact(size).enumerate() {
-                d[b] = h(blk, 0);
-                m[b] = if dtype == GgmlDType::Q5_0 { -16.0 * d[b] } else { h(blk, 2) };
-                let at = if dtype == GgmlDType::Q5_0 { 2 } else { 4 };
-                let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
-                let qs = &blk[at + 4..];
-                for j in 0..16 {
-                    let high = |v: usize| (((qh >> v) & 1) as u8) << 4;
-                    codes[b * 32 + j] = (qs[j] & 0xF) | high(j);
-                    codes[b * 32 + j + 16] = (qs[j] >> 4) | high(j + 16);
-                }
-            }
-        }
-        GgmlDType::Q4K | GgmlDType::Q5K => {
-            // Q5_K is Q4_K with 32 bytes of fifth bits after the scales.
-            let five = dtype == GgmlDType::Q5K;
-            for (s, blk) in row.chunks_exact(dtype.type_size()).enumerate() {
-                let (dd, dmin) = (h(blk, 0), h(blk, 2));
-                let scales = &blk[4..16];
-                let (qh, qs) = if five { (&blk[16..48], &blk[48..]) } else { (&blk[..0], &blk[16..]) };
-                for j in 0..8 {
-                    let (sc, mn) = scale_min_k4(j, scales);
-                    d[s * 8 + j] = dd * sc as f32;
-                    m[s * 8 + j] = -(dmin * mn as f32);
-                }
-                for c in 0..4 {
-                    for l in 0..32 {
-                        let (byte, hb) = (qs[c * 32 + l], qh.get(l).map_or(0, |h| h >> (2 * c)));
-                        codes[s * 256 + c * 64 + l] = (byte & 0xF) | ((hb & 1) << 4);
-                        codes[s * 256 + c * 64 + 32 + l] = (byte >> 4) | ((hb & 2) << 3);
-                    }
-                }
-            }
-        }
-        GgmlDType::Q6K => {
-            for (s, blk) in row.chunks_exact(210).enumerate() {
-                let (ql, qh, scales, dd) = (&blk[..128], &blk[128..192], &blk[192..208], h(blk, 208));
-                for (j, &sc) in scales.iter().enumerate() {
-                    d[s * 16 + j] = dd * f32::from(sc as i8);
-                }
-                for n in 0..2 {
-                    let (ql, qh, out) = (&ql[64 * n..], &qh[32 * n..], &mut codes[s * 256 + 128 * n..]);
-                    for l in 0..32 {
-                        out[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-                        out[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                        out[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                        out[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The 6-bit scale and min of sub-block `j` of a Q4_K super-block.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -546,10 +513,8 @@ mod tests {
             for r in 0..rows {
                 m.dequantize_row(r, &mut row);
                 for (a, b) in row.iter().zip(&deq[r * cols..]) {
-                    // Exact but for Q4_K, whose two-scale products are rounded to f16 (an error
-                    // far below its 4-bit step, about 0.03 here).
-                    let tol = if k_quant(dtype) { 4e-3 } else { 1e-6 };
-                    assert!((a - b).abs() <= tol, "{dtype:?}: {a} vs {b}");
+                    // The scales are the file's, so the values are too (up to f32 rounding).
+                    assert!((a - b).abs() <= 1e-6, "{dtype:?}: {a} vs {b}");
                 }
             }
         }
