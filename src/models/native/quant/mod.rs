@@ -446,17 +446,21 @@ multiversion! {
     fn quantize_row(x: &[f32], xq: &mut [i8], dx: &mut [f32], sx: &mut [f32], sx16: &mut [f32]) {
         let k = x.len();
         for (b, block) in xq.chunks_exact_mut(32).enumerate() {
-            let vals = &x[(b * 32).min(k)..((b + 1) * 32).min(k)];
+            // A whole block as a fixed-size array (all but a row's padded end), so that the
+            // loops vectorize.
+            let mut vals = [0f32; 32];
+            let part = &x[(b * 32).min(k)..((b + 1) * 32).min(k)];
+            vals[..part.len()].copy_from_slice(part);
             let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
             let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sums = [0i32; 2];
-            block.iter_mut().for_each(|q| *q = 0);
-            for (j, &v) in vals.iter().enumerate() {
-                let q = (v * inv).round_ties_even() as i8;
-                block[j] = q;
-                sums[j / 16] += q as i32;
+            let mut q = [0i8; 32];
+            for (q, v) in q.iter_mut().zip(&vals) {
+                *q = (v * inv).round_ties_even() as i8;
             }
+            block.copy_from_slice(&q);
+            let sum = |half: &[i8]| half.iter().map(|&v| i32::from(v)).sum::<i32>();
+            let sums = [sum(&q[..16]), sum(&q[16..])];
             dx[b] = d;
             sx[b] = d * (sums[0] + sums[1]) as f32;
             sx16[2 * b] = d * sums[0] as f32;
