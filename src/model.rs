@@ -246,7 +246,7 @@ pub trait DraftModel {
             let node = match self.propose(&feed)? {
                 Proposal::Nothing => break,
                 Proposal::Token(t) => tree.push(t, parent)?,
-                Proposal::Logits(row) => match picker.pick(&row, 1)?.pop() {
+                Proposal::Logits(row) => match picker.pick(&row, 1, tree.len())?.pop() {
                     Some(c) => match c.row {
                         Some(q) => tree.push_sampled(c.token, parent, q)?,
                         None => tree.push(c.token, parent)?,

@@ -325,7 +325,7 @@ impl DraftModel for KeepsLikelyDraws {
     ) -> Result<specdec::DraftTree> {
         let mut tree = specdec::DraftTree::new();
         if let specdec::Proposal::Logits(row) = DraftModel::propose(&mut self.0, tokens)? {
-            if let Some(specdec::draft::Child { token, logp, row: Some(q) }) = picker.pick(&row, 1)?.pop() {
+            if let Some(specdec::draft::Child { token, logp, row: Some(q) }) = picker.pick(&row, 1, 0)?.pop() {
                 if logp > 0.3f32.ln() {
                     tree.push_sampled(token, None, q)?;
                 }

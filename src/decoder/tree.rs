@@ -14,7 +14,11 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     pub(super) fn tree_round(&mut self, budget: TreeBudget) -> Result<Verdict> {
         let n = self.ctx.len();
         let feed = pending(&self.ctx, self.draft.context_len(), "draft")?;
-        let (draft, mut picker) = (&mut self.draft, ChildPicker::new(&self.sampling, &mut self.rng));
+        let mut picker = ChildPicker::new(&self.sampling, &mut self.rng);
+        if let Some(noise) = self.noise {
+            picker = picker.with_noise(noise, n as u64);
+        }
+        let draft = &mut self.draft;
         let tree = timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
         self.stats.draft_calls += 1;
         self.check_tree(&tree, budget)?;

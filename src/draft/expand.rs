@@ -137,8 +137,8 @@ pub(crate) fn grow(
             // Expanding several nodes, children are deterministic: which nodes are expanded
             // depends on their scores, and a draw's presence must not depend on what was drawn.
             let kids = match budget.expand {
-                1 => picker.pick(row, budget.width)?,
-                _ => picker.pick_top(row, budget.width)?,
+                1 => picker.pick(row, budget.width, depth)?,
+                _ => picker.pick_top(row, budget.width, depth)?,
             };
             next.extend(add_children(&mut all, kids, *parent, *logp)?);
         }

@@ -11,6 +11,7 @@
 use rand::rngs::StdRng;
 
 use crate::error::{Error, Result};
+use crate::kernel::Noise;
 use crate::models::TreeShape;
 use crate::sampling::{sample, SamplingConfig};
 
@@ -230,24 +231,49 @@ pub struct Child {
 pub struct ChildPicker<'a> {
     sampling: &'a SamplingConfig,
     rng: &'a mut StdRng,
+    /// Coupled sampling: the noise and the position of the root's children.
+    coupled: Option<(Noise, u64)>,
 }
 
 impl<'a> ChildPicker<'a> {
     /// A picker sampling with `sampling` from `rng`.
     pub fn new(sampling: &'a SamplingConfig, rng: &'a mut StdRng) -> Self {
-        Self { sampling, rng }
+        Self { sampling, rng, coupled: None }
     }
 
-    /// Up to `width` children of a node whose draft logits are `logits`, the first to be tried
-    /// first. Greedy: the `width` most likely tokens. Sampling: one token drawn from the
-    /// processed row (a sampled child, accepted as often as a chain's draft token), then the
-    /// most likely others (deterministic). Tokens the settings rule out are never proposed.
+    /// For coupled sampling ([`SamplingConfig::coupled`]): children are the best runners of
+    /// the race on the draft's row under `noise` (the root's children at `position`, theirs at
+    /// `position + 1`, …), all deterministic: the draft's likeliest matches for the target's
+    /// race winner, which verification keeps.
+    pub fn with_noise(mut self, noise: Noise, position: u64) -> Self {
+        self.coupled = Some((noise, position));
+        self
+    }
+
+    /// Coupled children at `depth`, or `None` when not coupled.
+    fn coupled(&self, logits: &[f32], width: usize, depth: usize) -> Option<Result<Vec<Child>>> {
+        let (noise, position) = self.coupled?;
+        let mut q = Vec::new();
+        Some(self.sampling.probs(logits, &mut q).and_then(|()| {
+            let top = noise.top(&q, position + depth as u64, width)?;
+            Ok(top.into_iter().map(|t| Child { token: t, logp: q[t as usize].ln(), row: None }).collect())
+        }))
+    }
+
+    /// Up to `width` children of a node at `depth` (0: the root's children) whose draft logits
+    /// are `logits`, the first to be tried first. Greedy: the `width` most likely tokens.
+    /// Sampling: one token drawn from the processed row (a sampled child, accepted as often as
+    /// a chain's draft token), then the most likely others (deterministic). Coupled: see
+    /// [`with_noise`](Self::with_noise). Tokens the settings rule out are never proposed.
     ///
     /// # Errors
     /// Rows the sampling settings reject (NaN, all masked).
-    pub fn pick(&mut self, logits: &[f32], width: usize) -> Result<Vec<Child>> {
+    pub fn pick(&mut self, logits: &[f32], width: usize, depth: usize) -> Result<Vec<Child>> {
         if self.sampling.is_greedy() {
-            return self.pick_top(logits, width);
+            return self.pick_top(logits, width, depth);
+        }
+        if let Some(children) = self.coupled(logits, width, depth) {
+            return children;
         }
         let mut q = Vec::new();
         self.sampling.probs(logits, &mut q)?;
@@ -259,11 +285,15 @@ impl<'a> ChildPicker<'a> {
             .collect())
     }
 
-    /// The `width` most likely tokens of the processed row, all deterministic (no draw).
+    /// The `width` most likely tokens of the processed row, all deterministic (no draw);
+    /// coupled, the best runners of the race at `depth`.
     ///
     /// # Errors
     /// Rows the sampling settings reject (NaN, all masked).
-    pub fn pick_top(&mut self, logits: &[f32], width: usize) -> Result<Vec<Child>> {
+    pub fn pick_top(&mut self, logits: &[f32], width: usize, depth: usize) -> Result<Vec<Child>> {
+        if let Some(children) = self.coupled(logits, width, depth).filter(|_| !self.sampling.is_greedy()) {
+            return children;
+        }
         let top = if self.sampling.is_greedy() {
             crate::sampling::argmax(logits)?; // the same row checks as sampling
             top_tokens(logits, width, None)
@@ -324,6 +354,25 @@ mod tests {
     }
 
     #[test]
+    fn coupled_children_are_the_race_order_at_their_depth() -> Result<()> {
+        let sampling = SamplingConfig::new(0.8)?.with_top_k(4)?.coupled();
+        let mut rng = StdRng::seed_from_u64(1);
+        let noise = Noise::new(9, 0);
+        let mut picker = ChildPicker::new(&sampling, &mut rng).with_noise(noise, 20);
+        let logits = [0.5f32, 2.0, 1.0, 1.5, -1.0, 0.0];
+        let mut q = Vec::new();
+        sampling.probs(&logits, &mut q)?;
+        for depth in 0..5 {
+            let kids = picker.pick(&logits, 3, depth)?;
+            let tokens: Vec<u32> = kids.iter().map(|c| c.token).collect();
+            assert_eq!(tokens, noise.top(&q, 20 + depth as u64, 3)?);
+            assert!(kids.iter().all(|c| c.row.is_none()), "coupled children are deterministic");
+            assert_eq!(picker.pick_top(&logits, 3, depth)?.iter().map(|c| c.token).collect::<Vec<_>>(), tokens);
+        }
+        Ok(())
+    }
+
+    #[test]
     fn budgets_are_checked_and_parse() -> Result<()> {
         assert!(TreeBudget::new(0, 3, 4, 1).is_err());
         assert!(TreeBudget::new(2, 0, 4, 1).is_err());
@@ -358,7 +407,7 @@ mod tests {
         let logits = [0.0f32, 3.0, 1.0, 2.0, -1.0];
         let mut firsts = [0usize; 5];
         for _ in 0..20_000 {
-            let kids = picker.pick(&logits, 3)?;
+            let kids = picker.pick(&logits, 3, 0)?;
             assert!(kids[0].row.is_some() && kids[1..].iter().all(|c| c.row.is_none()));
             assert_eq!(kids.len(), 3);
             assert!(kids.iter().all(|c| [1, 2, 3].contains(&c.token)), "top-k 3 rules out the rest");

@@ -103,6 +103,39 @@ impl Noise {
         }
         Ok(best as u32)
     }
+
+    /// The `width` best runners of the race on `probs` at `position`, best first: the first is
+    /// [`pick`](Self::pick)'s winner. A coupled draft proposes these as a tree node's children,
+    /// the draft's likeliest matches for the target's winner under the same noise. Tokens
+    /// ruled out by the same bound as in `pick`, against the worst score kept.
+    ///
+    /// # Errors
+    /// As [`pick`](Self::pick).
+    pub fn top(&self, probs: &[f32], position: u64, width: usize) -> Result<Vec<u32>> {
+        let first = self.pick(probs, position)? as usize;
+        let stream = self.stream(position);
+        let score = |t: usize| -uniform(stream, t as u32).ln() / f64::from(probs[t]);
+        let mut kept: Vec<(f64, usize)> = vec![(score(first), first)];
+        for (t, &p) in probs.iter().enumerate() {
+            if p <= 0.0 || t == first || width <= 1 {
+                continue;
+            }
+            let full = kept.len() == width;
+            let worst = kept.last().map_or(f64::INFINITY, |k| k.0);
+            if full && uniform(stream, t as u32) <= 1.0 - f64::from(p) * worst {
+                continue;
+            }
+            let s = score(t);
+            if full && s >= worst {
+                continue;
+            }
+            // After equal scores: ties go to the token that ran first, as in `pick`.
+            let at = kept.partition_point(|k| k.0 <= s).max(1);
+            kept.insert(at, (s, t));
+            kept.truncate(width);
+        }
+        Ok(kept.into_iter().map(|(_, t)| t as u32).collect())
+    }
 }
 
 #[cfg(test)]
@@ -135,6 +168,21 @@ mod tests {
                 })
                 .map(|t| t as u32);
             assert_eq!(noise.pick(&probs, position).ok(), full);
+        }
+    }
+
+    #[test]
+    fn top_runners_are_the_race_order() {
+        let probs: Vec<f32> = (0..300).map(|i| ((i * 7919 % 101) as f32 / 100.0).powi(3)).collect();
+        let noise = Noise::new(5, 2);
+        for position in 0..100 {
+            let mut all: Vec<usize> = (0..probs.len()).filter(|&t| probs[t] > 0.0).collect();
+            let s = |t: usize| -noise.uniform(position, t as u32).ln() / f64::from(probs[t]);
+            all.sort_by(|&a, &b| s(a).total_cmp(&s(b)));
+            let want: Vec<u32> = all.iter().take(4).map(|&t| t as u32).collect();
+            let top = noise.top(&probs, position, 4).ok();
+            assert_eq!(top.as_deref(), Some(&want[..]));
+            assert_eq!(noise.top(&probs, position, 1).ok(), Some(vec![noise.pick(&probs, position).ok().unwrap_or(0)]));
         }
     }
 
