@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -56,6 +55,7 @@ fn hit_serves_the_speculative_result_without_a_second_run() -> Result<()> {
     let mut exec = Executor::new(reg);
     let spelled = ToolCall::new("search", json!({"q": "rust", "opts": {"k": 3, "lang": "en"}}));
     assert_eq!(exec.speculate(&spelled)?, Dispatch::Started);
+    assert_eq!(exec.stats().launched, 1, "the worker is counted as it starts");
     let actual = ToolCall::new("search", json!({"opts": {"lang": "en", "k": 3.0}, "q": "rust"}));
     let done = exec.execute(&actual)?;
     assert_eq!(done.outcome, Outcome::Hit);
@@ -103,8 +103,8 @@ fn side_effecting_tool_is_never_pre_run() -> Result<()> {
     for turn in 1..=20 {
         assert_eq!(exec.speculate_next(&mut oracle, &[])?, Dispatch::SideEffecting);
         assert_eq!(exec.speculate(&charge)?, Dispatch::SideEffecting);
-        // Give a (wrongly) spawned worker every chance to run before we look.
-        thread::sleep(Duration::from_millis(1));
+        // Counted when a worker starts, not when it runs: no race with the scheduler.
+        assert_eq!(exec.stats().launched, 0, "a worker was started before turn {turn}");
         assert_eq!(charges.load(Ordering::SeqCst), turn - 1, "pre-run before turn {turn}");
         let done = exec.execute(&charge)?;
         assert_eq!(done.outcome, Outcome::NotSpeculated);

@@ -225,6 +225,7 @@ impl Executor {
             },
         };
         turn.dispatched = Some(Instant::now());
+        self.stats.launched += usize::from(matches!(dispatched, Ok(Dispatch::Started)));
         dispatched.map_err(Into::into)
     }
 

@@ -88,6 +88,8 @@ pub struct ToolStats {
     pub misses: usize,
     /// Predictions not run: the tool is side-effecting or unknown (or no worker could start).
     pub blocked: usize,
+    /// Speculative runs started (a worker thread each), counted when they start.
+    pub launched: usize,
     /// Matching speculative runs that failed, panicked or timed out (the real call ran).
     pub failed: usize,
     /// Seconds spent predicting and dispatching.
