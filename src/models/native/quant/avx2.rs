@@ -26,7 +26,7 @@ use std::ops::Range;
 use super::{group_count, Bits, QActs, QMatrix, Scales, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
-/// Weight rows per tile and activation rows per group.
+/// Weight rows per tile and the most activation rows per pass.
 const TILE: usize = 2;
 const ROWS: usize = 3;
 /// Weight rows ahead whose bytes are prefetched into L2 (the same bytes ahead as the AVX-512

@@ -11,7 +11,8 @@ use std::ops::Range;
 use super::{group_count, Bits, QActs, QMatrix, Scales, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
-/// Weight rows per tile and activation rows per group.
+/// Weight rows per tile (at most 4: the tile's sums are reduced four at a time), and the most
+/// activation rows per pass: 2 × 4 codes, 2 × 6 sums and their scales fill the 32 registers.
 const TILE: usize = 2;
 const ROWS: usize = 6;
 /// Weight rows ahead whose bytes are prefetched into L2.
