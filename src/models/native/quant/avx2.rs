@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{group_count, Bits, QActs, QMatrix, Scales, CHUNK, GROUP};
+use super::{Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile and the most activation rows per pass.
@@ -91,31 +91,6 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
     }
 }
 
-/// A tile's weight rows from its first, as raw pointers.
-#[derive(Clone, Copy)]
-struct Weights {
-    qs: *const u8,
-    row_bytes: usize,
-    plane: *const u8,
-    hi_row: usize,
-    scales: Scales,
-    /// The `d`, `m` and `sub` parts of the scales (see [`Scales`]), and their lengths per row.
-    d: *const u16,
-    m: *const u16,
-    sub: *const u8,
-    per_row: (usize, usize, usize),
-}
-
-/// A group's activation rows from its first, as raw pointers.
-#[derive(Clone, Copy)]
-struct Acts {
-    xq: *const i8,
-    padded: usize,
-    dx: *const f32,
-    sx: *const f32,
-    groups: usize,
-}
-
 /// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
 ///
 /// # Safety
@@ -129,28 +104,7 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool, const BITS:
     out: &OutPtr,
 ) {
     let chunks = w.padded / CHUNK;
-    let row_bytes = w.bits.row_bytes(w.padded);
-    let hi_row = w.hi_row_bytes();
-    let per_row = w.per_row();
-    let wts = Weights {
-        qs: w.qs.as_ptr().add(c0 * row_bytes),
-        row_bytes,
-        plane: w.hi.as_ptr().add(c0 * hi_row),
-        hi_row,
-        scales: w.scales,
-        d: w.d.as_ptr().add(c0 * per_row.0),
-        m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
-        sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
-        per_row,
-    };
-    let groups = group_count(chunks);
-    let x = Acts {
-        xq: a.xq.as_ptr().add(r0 * a.padded),
-        padded: a.padded,
-        dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
-        sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
-        groups,
-    };
+    let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
     let mut acc = [[_mm256_setzero_ps(); M]; R];
     let full = chunks / GROUP;
     for g in 0..full {

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{group_count, Bits, QActs, QMatrix, Scales, CHUNK, GROUP};
+use super::{Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile (at most 4: the tile's sums are reduced four at a time), and the most
@@ -86,31 +86,6 @@ unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
     };
     let bits = _mm512_and_si512(_mm512_srlv_epi64(copies, shifts), _mm512_set1_epi8(mask));
     _mm512_slli_epi16(bits, 4)
-}
-
-/// A tile's weight rows from its first, as raw pointers.
-#[derive(Clone, Copy)]
-struct Weights {
-    qs: *const u8,
-    row_bytes: usize,
-    plane: *const u8,
-    hi_row: usize,
-    scales: Scales,
-    /// The `d`, `m` and `sub` parts of the scales (see [`Scales`]), and their lengths per row.
-    d: *const u16,
-    m: *const u16,
-    sub: *const u8,
-    per_row: (usize, usize, usize),
-}
-
-/// A group's activation rows from its first, as raw pointers.
-#[derive(Clone, Copy)]
-struct Acts {
-    xq: *const i8,
-    padded: usize,
-    dx: *const f32,
-    sx: *const f32,
-    groups: usize,
 }
 
 /// The codes of the `C` chunks from `start` of weight row `i`, in lane order.
@@ -289,28 +264,7 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
     out: OutPtr,
 ) {
     let chunks = w.padded / CHUNK;
-    let row_bytes = w.bits.row_bytes(w.padded);
-    let hi_row = w.hi_row_bytes();
-    let per_row = w.per_row();
-    let wts = Weights {
-        qs: w.qs.as_ptr().add(c0 * row_bytes),
-        row_bytes,
-        plane: w.hi.as_ptr().add(c0 * hi_row),
-        hi_row,
-        scales: w.scales,
-        d: w.d.as_ptr().add(c0 * per_row.0),
-        m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
-        sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
-        per_row,
-    };
-    let groups = group_count(chunks);
-    let x = Acts {
-        xq: a.xq.as_ptr().add(r0 * a.padded),
-        padded: a.padded,
-        dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
-        sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
-        groups,
-    };
+    let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
     let mut acc = [[_mm512_setzero_ps(); R]; M];
     let full = chunks / GROUP;
     for g in 0..full {

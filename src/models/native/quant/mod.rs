@@ -383,6 +383,74 @@ fn half(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
 }
 
+/// A SIMD kernel's view of a tile's weight rows, from its first, as raw pointers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Weights {
+    qs: *const u8,
+    row_bytes: usize,
+    plane: *const u8,
+    hi_row: usize,
+    scales: Scales,
+    /// The `d`, `m` and `sub` parts of the scales (see [`Scales`]), and their lengths per row.
+    d: *const u16,
+    m: *const u16,
+    sub: *const u8,
+    per_row: (usize, usize, usize),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Weights {
+    /// Rows `c0..` of `w`.
+    ///
+    /// # Safety
+    /// `c0 < w.rows` (the offsets stay inside the allocations; the empty `m` and `sub` of some
+    /// types are offset with `wrapping_add` and never read).
+    unsafe fn new(w: &QMatrix, c0: usize) -> Self {
+        let (row_bytes, hi_row, per_row) = (w.bits.row_bytes(w.padded), w.hi_row_bytes(), w.per_row());
+        Self {
+            qs: w.qs.as_ptr().add(c0 * row_bytes),
+            row_bytes,
+            plane: w.hi.as_ptr().wrapping_add(c0 * hi_row),
+            hi_row,
+            scales: w.scales,
+            d: w.d.as_ptr().add(c0 * per_row.0),
+            m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
+            sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
+            per_row,
+        }
+    }
+}
+
+/// A SIMD kernel's view of a pass's activation rows, from its first, as raw pointers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Acts {
+    xq: *const i8,
+    padded: usize,
+    dx: *const f32,
+    sx: *const f32,
+    groups: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Acts {
+    /// Rows `r0..` of `a`.
+    ///
+    /// # Safety
+    /// `r0 < a.rows`.
+    unsafe fn new(a: &QActs, r0: usize) -> Self {
+        let groups = group_count(a.padded / CHUNK);
+        Self {
+            xq: a.xq.as_ptr().add(r0 * a.padded),
+            padded: a.padded,
+            dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
+            sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
+            groups,
+        }
+    }
+}
+
 /// Activation rows quantized per 32 values: `xq` (i8, in lane order), `dx` and `sx = dx·Σxq`
 /// per 32 values, `sx16` the same sums per 16 values (for Q6_K's offsets); and per lane group
 /// of each row, 16 lanes of `dx` (each lane's block's) and of `dx·Σxq` over each lane's values.
