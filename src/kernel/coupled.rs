@@ -113,11 +113,14 @@ impl Noise {
     /// As [`pick`](Self::pick).
     pub fn top(&self, probs: &[f32], position: u64, width: usize) -> Result<Vec<u32>> {
         let first = self.pick(probs, position)? as usize;
+        if width <= 1 {
+            return Ok(vec![first as u32]);
+        }
         let stream = self.stream(position);
         let score = |t: usize| -uniform(stream, t as u32).ln() / f64::from(probs[t]);
         let mut kept: Vec<(f64, usize)> = vec![(score(first), first)];
         for (t, &p) in probs.iter().enumerate() {
-            if p <= 0.0 || t == first || width <= 1 {
+            if p <= 0.0 || t == first {
                 continue;
             }
             let full = kept.len() == width;
