@@ -100,5 +100,5 @@ pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetMod
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, TreeShape, WeightFormat};
 pub use plain::PlainDecoder;
 pub use sampling::SamplingConfig;
-pub use stats::{FinishReason, Generation, Stats};
+pub use stats::{Clock, FinishReason, Generation, Stats};
 pub use tokenizer::{TextStream, Tokenizer};

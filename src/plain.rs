@@ -1,16 +1,14 @@
 //! Plain autoregressive decoding of a [`TargetModel`]: one target call per token, the baseline
 //! every speedup is measured against.
 
-use std::time::Instant;
-
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::decoder::{check_prompt, pending, timed, StopRule};
+use crate::decoder::{check_prompt, pending, StopRule};
 use crate::error::{Error, Result};
 use crate::model::TargetModel;
 use crate::sampling::{argmax, sample, SamplingConfig};
-use crate::stats::{FinishReason, Generation, Stats};
+use crate::stats::{Clock, FinishReason, Generation, Stats};
 
 /// Samples one token per target call with the given settings.
 ///
@@ -30,6 +28,7 @@ pub struct PlainDecoder<T> {
     probs: Vec<f32>,
     /// Generations started, which key coupled sampling's noise.
     generations: u64,
+    clock: Clock,
 }
 
 impl<T: TargetModel> PlainDecoder<T> {
@@ -42,7 +41,14 @@ impl<T: TargetModel> PlainDecoder<T> {
             stop: StopRule::default(),
             probs: Vec::new(),
             generations: 0,
+            clock: Clock::wall(),
         }
+    }
+
+    /// Where the reported times are read (default the wall clock; see [`Clock`]).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The most tokens one generation produces.
@@ -86,8 +92,8 @@ impl<T: TargetModel> PlainDecoder<T> {
         let mut stats = Stats::default();
         let noise = self.sampling.noise(self.generations);
         self.generations += 1;
-        let target = &mut self.target;
-        timed(&mut stats.prefill_secs, || -> Result<()> {
+        let (target, clock) = (&mut self.target, &self.clock);
+        clock.timed(&mut stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
             if prompt.len() > 1 {
                 target.forward(&prompt[..prompt.len() - 1], 0)?;
@@ -95,12 +101,12 @@ impl<T: TargetModel> PlainDecoder<T> {
             Ok(())
         })?;
         let mut ctx = prompt.to_vec();
-        let start = Instant::now();
+        let start = self.clock.seconds();
         let mut finish = self.stop.finish(&[]);
         while finish.is_none() {
             let feed = pending(&ctx, self.target.context_len(), "target")?;
             let target = &mut self.target;
-            let logits = timed(&mut stats.target_secs, || target.forward(feed, 1))?;
+            let logits = self.clock.timed(&mut stats.target_secs, || target.forward(feed, 1))?;
             stats.target_calls += 1;
             if logits.rows() != 1 || logits.vocab() != vocab {
                 return Err(Error::BadModelOutput {
@@ -124,7 +130,7 @@ impl<T: TargetModel> PlainDecoder<T> {
             on_token(token);
             finish = self.stop.finish(&ctx[prompt.len()..]);
         }
-        stats.decode_secs = start.elapsed().as_secs_f64();
+        stats.decode_secs = self.clock.seconds() - start;
         Ok(Generation { tokens: ctx[prompt.len()..].to_vec(), finish: finish.unwrap_or(FinishReason::Length), stats })
     }
 }

@@ -1,7 +1,74 @@
 //! What a generation produced and what it cost, plus the seed's speedup formulas.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
 use serde::Serialize;
 use serde_json::{json, Value};
+
+/// Where a decoder reads the times it reports in [`Stats`] and its adaptive k weighs: the wall
+/// clock (the default), or a manual clock that moves only when told to. A manual clock makes
+/// the k a decoder chooses a function of the seed alone: tests and simulations give it to the
+/// decoder and to their models, and each model call advances it by what it is meant to cost.
+///
+/// # Example
+/// ```
+/// use specdec::Clock;
+/// let clock = Clock::manual();
+/// let seen_by_the_decoder = clock.clone();
+/// clock.advance(0.25);
+/// assert_eq!(seen_by_the_decoder.seconds(), 0.25);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Clock {
+    origin: Instant,
+    /// Nanoseconds a manual clock has been advanced, shared by its clones.
+    manual: Option<Arc<AtomicU64>>,
+}
+
+impl Default for Clock {
+    /// The wall clock.
+    fn default() -> Self {
+        Self::wall()
+    }
+}
+
+impl Clock {
+    /// The wall clock: seconds since this value was made.
+    pub fn wall() -> Self {
+        Self { origin: Instant::now(), manual: None }
+    }
+
+    /// A clock at 0 that moves only by [`advance`](Self::advance); its clones share its time.
+    pub fn manual() -> Self {
+        Self { origin: Instant::now(), manual: Some(Arc::new(AtomicU64::new(0))) }
+    }
+
+    /// Moves a manual clock forward by `secs` (rounded to whole nanoseconds; negative or NaN
+    /// counts as 0). The wall clock ignores it.
+    pub fn advance(&self, secs: f64) {
+        if let Some(nanos) = &self.manual {
+            nanos.fetch_add((secs.max(0.0) * 1e9) as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Seconds since the clock was made (wall) or advanced in all (manual).
+    pub fn seconds(&self) -> f64 {
+        match &self.manual {
+            Some(nanos) => nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            None => self.origin.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Runs `f` and adds the time it took to `secs`.
+    pub(crate) fn timed<R>(&self, secs: &mut f64, f: impl FnOnce() -> R) -> R {
+        let start = self.seconds();
+        let out = f();
+        *secs += self.seconds() - start;
+        out
+    }
+}
 
 /// Why a generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -3,8 +3,9 @@
 //! costs `c`, and each drafted position is accepted with probability α until the first
 //! rejection (the seed's geometric model). Speedup = tokens / total cost, so plain decoding
 //! scores exactly 1. Everything there is seeded and synthetic, hence deterministic: no clock is
-//! read. Then the policies through the real decoder on toy models: greedy output unchanged,
-//! sampled output exactly the target's, whatever k each round gets.
+//! read. Then the policies through the real decoder on toy models whose calls advance a manual
+//! [`Clock`] by set costs (so these too read no wall clock): greedy output unchanged, sampled
+//! output exactly the target's, whatever k each round gets.
 
 mod common;
 
@@ -13,7 +14,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::toy::MarkovModel;
 use specdec::{
-    KController, KPolicy, Logits, PlainDecoder, Result, RoundReport, SamplingConfig, SpeculativeDecoder, TargetModel,
+    Clock, DraftModel, KController, KPolicy, Logits, PlainDecoder, Result, RoundReport, SamplingConfig,
+    SpeculativeDecoder, TargetModel,
 };
 
 const ROUNDS: usize = 5_000;
@@ -227,21 +229,25 @@ fn a_cheap_draft_is_never_stopped_and_a_good_one_drafts_long_at_once() -> Result
 /// row. As a target (a few thousand steps) its draft costs a few percent of it, as a small
 /// model beside a large one does; as a draft (a million steps) it costs hundreds of toy target
 /// calls, as a draft on a slow path (a CPU without fast kernels for its format) can.
+/// A toy model whose calls cost simulated time: each advances `clock` by `fixed + per_row·rows`
+/// seconds. Decoders built with the same clock weigh these costs, so the k they choose, and
+/// every test below that uses it, is deterministic (no wall clock is read).
 #[derive(Clone)]
 struct Busy {
     model: MarkovModel,
-    fixed: u64,
-    per_row: u64,
+    clock: Clock,
+    fixed: f64,
+    per_row: f64,
 }
 
-/// A costly target: its drafts are cheap beside it.
-fn costly(model: MarkovModel) -> Busy {
-    Busy { model, fixed: 2_000, per_row: 200 }
+/// A costly target (1 ms a call plus 0.1 ms a row) on `clock`.
+fn costly(model: MarkovModel, clock: &Clock) -> Busy {
+    Busy { model, clock: clock.clone(), fixed: 1e-3, per_row: 1e-4 }
 }
 
-/// A draft far slower than its toy target.
-fn slow(model: MarkovModel) -> Busy {
-    Busy { model, fixed: 1_000_000, per_row: 0 }
+/// A draft costing a hundredth of [`costly`]'s step.
+fn light(model: MarkovModel, clock: &Clock) -> Busy {
+    Busy { model, clock: clock.clone(), fixed: 1e-5, per_row: 0.0 }
 }
 
 impl TargetModel for Busy {
@@ -250,31 +256,29 @@ impl TargetModel for Busy {
     }
 
     fn context_len(&self) -> usize {
-        self.model.context_len()
+        TargetModel::context_len(&self.model)
     }
 
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        let mut x = 0u64;
-        for i in 0..self.fixed + self.per_row * rows as u64 {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
-        }
-        std::hint::black_box(x);
+        self.clock.advance(self.fixed + self.per_row * rows as f64);
         self.model.forward(tokens, rows)
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        self.model.truncate(len)
+        TargetModel::truncate(&mut self.model, len)
     }
 }
 
 #[test]
 fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> {
-    // Through the real decoder and its clock: the margin (hundreds of target steps per draft
-    // call) is wide enough that no scheduling noise makes this draft look worth a call.
+    // A draft call costs 500 target steps on the simulated clock: no draft could be worth it.
+    let clock = Clock::manual();
     let target = MarkovModel::random(16, 1, 5);
     let prompt = [1, 2, 3];
     let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(200).generate(&prompt)?;
-    let mut dec = SpeculativeDecoder::builder(slow(target.noisy_copy(0.1, 6)), target).max_new_tokens(200).build()?;
+    let slow = Busy { model: target.noisy_copy(0.1, 6), clock: clock.clone(), fixed: 1e-3, per_row: 0.0 };
+    let fast = Busy { model: target, clock: clock.clone(), fixed: 2e-6, per_row: 0.0 };
+    let mut dec = SpeculativeDecoder::builder(slow, fast).max_new_tokens(200).clock(clock).build()?;
     let mut drafted = 0;
     for _ in 0..20 {
         let out = dec.generate(&prompt)?;
@@ -289,7 +293,7 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     // From then on the draft is neither called nor fed the prompt.
     let out = dec.generate(&prompt)?;
     assert_eq!(out.tokens, plain.tokens);
-    assert_eq!((out.stats.draft_calls, dec.draft().context_len()), (0, 0));
+    assert_eq!((out.stats.draft_calls, DraftModel::context_len(dec.draft())), (0, 0));
     Ok(())
 }
 
@@ -310,8 +314,10 @@ fn greedy_with_a_k_policy_equals_plain_greedy() -> Result<()> {
                 .k_policy(policy)
                 .max_new_tokens(80)
                 .build()?;
-            let mut costly = SpeculativeDecoder::builder(draft.clone(), costly(target.clone()))
+            let clock = Clock::manual();
+            let mut costly = SpeculativeDecoder::builder(light(draft.clone(), &clock), costly(target.clone(), &clock))
                 .k_policy(policy)
+                .clock(clock)
                 .max_new_tokens(80)
                 .build()?;
             // Twice each: the second generation starts from what the controller learned.
@@ -334,12 +340,18 @@ fn greedy_with_a_k_policy_equals_plain_greedy() -> Result<()> {
 
 const PROMPT: [u32; 3] = [2, 0, 5];
 
-/// Checks adaptive decoding of the order-2 toy target at temperature 1 through `model`, and
-/// that the controller drafted at least `min_mean_k` tokens per round on average (so that the
-/// battery exercised the adaptive path, not plain decoding).
-fn check_adaptive<T: TargetModel>(name: &str, model: T, target: &MarkovModel, min_mean_k: f64) -> Result<()> {
+/// Checks adaptive decoding of the order-2 toy target at temperature 1 through `model` (drafted
+/// by `draft`, times read on `clock`), and that the controller drafted `mean_k` tokens per round
+/// on average (so that the battery exercised the adaptive path it is meant to).
+fn check_adaptive<D: DraftModel, T: TargetModel>(
+    name: &str,
+    (draft, model, clock): (D, T, Clock),
+    target: &MarkovModel,
+    mean_k: std::ops::RangeInclusive<f64>,
+) -> Result<()> {
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(target.noisy_copy(0.3, 22), model)
+    let mut dec = SpeculativeDecoder::builder(draft, model)
+        .clock(clock)
         .k_policy(KPolicy::Adaptive { max: 4 })
         .sampling(cfg.clone())
         .seed(3000)
@@ -348,23 +360,25 @@ fn check_adaptive<T: TargetModel>(name: &str, model: T, target: &MarkovModel, mi
     let total = check_windows(&format!("adaptive k, {name}"), &mut dec, target, &cfg, &PROMPT, 4, 60_000)?;
     eprintln!("adaptive k, {name}: {:.2} drafted per round, α = {:.3}", total.mean_k(), total.position_acceptance());
     assert!(total.accepted > 0 && total.rejections > 0, "adaptive k, {name}: one outcome never seen: {total:?}");
-    assert!(total.mean_k() >= min_mean_k, "adaptive k, {name}: mean k {:.2} < {min_mean_k}", total.mean_k());
+    assert!(mean_k.contains(&total.mean_k()), "adaptive k, {name}: mean k {:.2} not in {mean_k:?}", total.mean_k());
     Ok(())
 }
 
 #[test]
 fn sequences_with_adaptive_k_follow_the_target() -> Result<()> {
-    // k follows measured times here, so the draws differ from run to run; the test stays valid
-    // (exactness holds for any k chosen from the past) at its 1e-6 false-alarm rate. With the
-    // plain toy target a draft call costs about as much as a target call, so the controller
-    // mostly decodes plainly and probes; with the costly one it drafts long blocks.
+    // k follows the times measured on a manual clock that the models advance, so each run
+    // draws the same (exactness holds for any k chosen from the past, at the battery's 1e-6
+    // false-alarm rate). With a draft that costs as much as its target the controller mostly
+    // decodes plainly and probes; with a target a hundred times the draft's cost it drafts long
+    // blocks (k is capped at 4 and the generations at 7 tokens). Both must see both outcomes.
     let target = MarkovModel::random(6, 2, 21);
-    // The costly target's calls do 2,000 steps of busy work (plus 200 a row), its draft a toy
-    // model's few: the controller must draft long blocks (k is capped at 4 and the generations
-    // at 7 tokens). The cheap target drafts only in its probes (0.01-0.03 tokens a round);
-    // it must still see both outcomes.
-    check_adaptive("toy target", target.clone(), &target, 0.0)?;
-    check_adaptive("costly target", costly(target.clone()), &target, 1.5)
+    let draft = target.noisy_copy(0.3, 22);
+    let clock = Clock::manual();
+    let even = (light(draft.clone(), &clock), light(target.clone(), &clock), clock);
+    check_adaptive("draft as costly as the target", even, &target, 0.0..=0.2)?;
+    let clock = Clock::manual();
+    let costly_pair = (light(draft, &clock), costly(target.clone(), &clock), clock);
+    check_adaptive("costly target", costly_pair, &target, 1.5..=4.0)
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! The speculative decoding loop: draft k tokens, verify them in one target call, keep the
 //! accepted prefix plus one token, roll both models back, repeat.
 
-use std::time::Instant;
-
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -17,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{Noise, Verdict};
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::SamplingConfig;
-use crate::stats::{FinishReason, Generation, Stats};
+use crate::stats::{Clock, FinishReason, Generation, Stats};
 
 /// When a generation ends: after `max_new_tokens`, or right after any of `stop_tokens`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,14 +70,6 @@ pub(crate) fn pending<'a>(ctx: &'a [u32], len: usize, model: &'static str) -> Re
     Ok(&ctx[len..])
 }
 
-/// Runs `f` and adds its wall time to `secs`.
-pub(crate) fn timed<R>(secs: &mut f64, f: impl FnOnce() -> R) -> R {
-    let start = Instant::now();
-    let out = f();
-    *secs += start.elapsed().as_secs_f64();
-    out
-}
-
 /// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
 pub struct DecoderBuilder<D, T> {
     draft: D,
@@ -88,6 +78,7 @@ pub struct DecoderBuilder<D, T> {
     tree: TreePolicy,
     sampling: SamplingConfig,
     stop: StopRule,
+    clock: Clock,
 }
 
 impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
@@ -140,6 +131,14 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
         self
     }
 
+    /// Where times are read (default the wall clock). The adaptive k and the tree/chain choice
+    /// weigh the times measured on it; a [`Clock::manual`] that the models advance makes
+    /// their choices, and so sampled output, reproducible.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Checks the settings and the model pair.
     ///
     /// # Errors
@@ -169,6 +168,7 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             block: ChainBlock::default(),
             generations: 0,
             noise: None,
+            clock: self.clock,
         })
     }
 }
@@ -206,6 +206,7 @@ pub struct SpeculativeDecoder<D, T> {
     /// Generations started, which key coupled sampling's noise.
     generations: u64,
     noise: Option<Noise>,
+    clock: Clock,
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
@@ -228,6 +229,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             tree: TreePolicy::default(),
             sampling: SamplingConfig::greedy(),
             stop: StopRule::default(),
+            clock: Clock::wall(),
         }
     }
 
@@ -274,7 +276,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         // draft again, and if it does, its first call catches up on the whole context.
         let prefill_draft = !self.k.stopped_probing();
         let (draft, target) = (&mut self.draft, &mut self.target);
-        timed(&mut self.stats.prefill_secs, || -> Result<()> {
+        self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
             draft.truncate(0)?;
             if !head.is_empty() {
@@ -301,9 +303,9 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             return Ok(&[]);
         }
         let before = self.ctx.len();
-        let start = Instant::now();
+        let start = self.clock.seconds();
         let result = self.round();
-        self.stats.decode_secs += start.elapsed().as_secs_f64();
+        self.stats.decode_secs += self.clock.seconds() - start;
         match result {
             Ok(verdict) => {
                 for t in verdict.tokens {
@@ -372,12 +374,12 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// One round, a chain or a tree as the shape chooser says. Returns the verdict.
     fn round(&mut self) -> Result<Verdict> {
         let remaining = self.stop.max_new_tokens - (self.ctx.len() - self.prompt_len);
-        let start = Instant::now();
+        let start = self.clock.seconds();
         let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
             Some(b) if remaining > 1 => (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true),
             _ => (self.chain_round(remaining)?, false),
         };
-        self.shape.observe(tree, verdict.tokens.len(), start.elapsed().as_secs_f64());
+        self.shape.observe(tree, verdict.tokens.len(), self.clock.seconds() - start);
         Ok(verdict)
     }
 
@@ -421,7 +423,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let missed = pending(&self.ctx, self.draft.context_len(), "draft")?;
         if missed.len() > 2 {
             let (head, draft) = (&missed[..missed.len() - 1], &mut self.draft);
-            timed(&mut self.stats.draft_secs, || draft.propose(head))?;
+            self.clock.timed(&mut self.stats.draft_secs, || draft.propose(head))?;
             self.stats.draft_calls += 1;
         }
         Ok(())
@@ -437,7 +439,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
                 None => pending(&self.ctx, self.draft.context_len(), "draft")?,
             };
             let draft = &mut self.draft;
-            let proposal = timed(&mut self.stats.draft_secs, || draft.propose(feed))?;
+            let proposal = self.clock.timed(&mut self.stats.draft_secs, || draft.propose(feed))?;
             self.stats.draft_calls += 1;
             if !self.block.push(proposal, &self.sampling, vocab, &mut self.rng)? {
                 break;
@@ -451,7 +453,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
         feed.extend_from_slice(self.block.tokens());
         let target = &mut self.target;
-        let logits = timed(&mut self.stats.target_secs, || target.forward(&feed, feed.len()))?;
+        let logits = self.clock.timed(&mut self.stats.target_secs, || target.forward(&feed, feed.len()))?;
         self.stats.target_calls += 1;
         self.block.judge(&logits, &self.sampling, self.target.vocab_size(), &mut self.rng)
     }

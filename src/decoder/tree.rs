@@ -1,7 +1,7 @@
 //! The tree round of [`SpeculativeDecoder`]: the draft proposes a tree, the target scores it
 //! in one call, the kernel walks it, and both models keep the accepted path.
 
-use super::{pending, timed, SpeculativeDecoder};
+use super::{pending, SpeculativeDecoder};
 use crate::draft::{ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::kernel::{self, DraftRow, TreeNode, Verdict};
@@ -19,7 +19,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             picker = picker.with_noise(noise, n as u64);
         }
         let draft = &mut self.draft;
-        let tree = timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
+        let tree = self.clock.timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
         self.stats.draft_calls += 1;
         self.check_tree(&tree, budget)?;
         let nodes: Vec<TreeNode> = (0..tree.len())
@@ -33,7 +33,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let accepted = path.path.len();
         let target = &mut self.target;
         let kept: Vec<usize> = std::iter::once(0).chain(path.path.iter().map(|i| i + 1)).collect();
-        timed(&mut self.stats.target_secs, || target.keep_path(&tokens, &kept))?;
+        self.clock.timed(&mut self.stats.target_secs, || target.keep_path(&tokens, &kept))?;
         self.stats.drafted += tree.len();
         self.stats.accepted += accepted;
         self.stats.tree_rounds += 1;
@@ -85,7 +85,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         tokens.extend_from_slice(tree.tokens());
         let shape = tree.shape()?;
         let target = &mut self.target;
-        let logits = timed(&mut self.stats.target_secs, || {
+        let logits = self.clock.timed(&mut self.stats.target_secs, || {
             if !head.is_empty() {
                 target.forward(head, 0)?;
             }
