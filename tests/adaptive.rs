@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::check_windows;
+use common::{assert_nudge_rejected, check_windows, nudged_past_the_limit, window_counts};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::toy::MarkovModel;
@@ -379,6 +379,31 @@ fn sequences_with_adaptive_k_follow_the_target() -> Result<()> {
     let clock = Clock::manual();
     let costly_pair = (light(draft, &clock), costly(target.clone(), &clock), clock);
     check_adaptive("costly target", costly_pair, &target, 1.5..=4.0)
+}
+
+/// Power near the detection limit of the adaptive battery (60,000 generations): the costly
+/// pair again, its target's rows nudged until the first window's law sits at twice the
+/// noncentrality the test catches half the time (see `tests/exactness.rs`); the statistic must
+/// reject it against the unnudged law.
+#[test]
+fn the_adaptive_battery_rejects_a_law_just_past_its_detection_limit() -> Result<()> {
+    let target = MarkovModel::random(6, 2, 21);
+    let cfg = SamplingConfig::new(1.0)?;
+    let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, 60_000);
+    assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
+    let clock = Clock::manual();
+    let mut dec =
+        SpeculativeDecoder::builder(light(target.noisy_copy(0.3, 22), &clock), costly(nudged.clone(), &clock))
+            .clock(clock)
+            .k_policy(KPolicy::Adaptive { max: 4 })
+            .sampling(cfg.clone())
+            .seed(3002)
+            .max_new_tokens(7)
+            .build()?;
+    let (counts, total) = window_counts(&mut dec, 6, &PROMPT, 4, 60_000)?;
+    assert!(total.mean_k() >= 1.5, "the adaptive path was not exercised: {total:?}");
+    assert_nudge_rejected("adaptive k", &counts[0], (&target, &nudged), &cfg, &PROMPT);
+    Ok(())
 }
 
 #[test]

@@ -8,8 +8,8 @@ mod common;
 use candle_core::Device;
 use common::faulty::{Fault, Faulty};
 use common::models::{model_path, STORIES};
-use common::{assert_fits, assert_rejects, cell, exact_window, settings};
-use specdec::batch::{BatchDecoder, BatchPolicy, Request};
+use common::{assert_fits, assert_nudge_rejected, assert_rejects, cell, exact_window, nudged_past_the_limit, settings};
+use specdec::batch::{BatchDecoder, BatchPolicy, Fault as BatchFault, Request};
 use specdec::toy::MarkovModel;
 use specdec::{
     BatchTarget, Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig,
@@ -152,16 +152,21 @@ const SAMPLES: usize = 30_000;
 const LEN: usize = 7;
 
 /// Runs `SAMPLES` batches, each with one sequence per sampling setting drafting `ks[i]`
-/// tokens (or as `policy` says), and counts windows 0..3 and 4..7 of each sequence.
+/// tokens (or as `policy` says), and counts windows 0..3 and 4..7 of each sequence; `fault`
+/// injects a batch bug.
 fn batch_counts(
     target: &MarkovModel,
     draft: &MarkovModel,
     policy: BatchPolicy,
     ks: &[Option<usize>],
+    fault: Option<BatchFault>,
 ) -> Result<(Vec<[Vec<u64>; 2]>, usize)> {
     let configs = settings()?;
     let mut counts = vec![[vec![0u64; VOCAB.pow(3)], vec![0u64; VOCAB.pow(3)]]; configs.len()];
     let mut batch = BatchDecoder::new(policy)?;
+    if let Some(fault) = fault {
+        batch.inject_fault(fault);
+    }
     let mut drafted = 0;
     for n in 0..SAMPLES {
         for (i, ((_, cfg), k)) in configs.iter().zip(ks).enumerate() {
@@ -193,7 +198,7 @@ fn sampled_batches_follow_the_target_for_every_sequence() -> Result<()> {
         (BatchPolicy::Adaptive { max_k: 4 }, vec![None, Some(2), None, Some(4)]),
     ];
     for (policy, ks) in runs {
-        let (counts, drafted) = batch_counts(&target, &draft, policy, &ks)?;
+        let (counts, drafted) = batch_counts(&target, &draft, policy, &ks, None)?;
         assert!(drafted > 0, "{policy:?} drafted nothing");
         for ((name, cfg), c) in configs.iter().zip(&counts) {
             for (w, start) in [0, 4].into_iter().enumerate() {
@@ -210,10 +215,26 @@ fn batch_power_a_sequence_sampling_the_draft_is_rejected() -> Result<()> {
     let target = MarkovModel::random(VOCAB, 2, 21);
     let draft = target.noisy_copy(0.6, 22);
     // The bias: the batch verifies against the draft's law, not the target's.
-    let (counts, _) = batch_counts(&draft, &draft, BatchPolicy::Fixed(2), &[None; 4])?;
+    let (counts, _) = batch_counts(&draft, &draft, BatchPolicy::Fixed(2), &[None; 4], None)?;
     let (name, cfg) = &settings()?[0];
     let exact = exact_window(&target, cfg, &PROMPT, 0, 3);
     assert_rejects(&format!("draft as target, {name}"), &counts[0][0], &exact);
+    Ok(())
+}
+
+/// Power near the detection limit of the batch battery (30,000 batches): every sequence's
+/// target nudged until the first window's law (temperature 1) sits at twice the
+/// noncentrality the test catches half the time (see `tests/exactness.rs`); the statistic
+/// must reject it against the unnudged law.
+#[test]
+fn the_batch_battery_rejects_a_law_just_past_its_detection_limit() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let (name, cfg) = settings()?.remove(0);
+    let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
+    assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
+    let ks = [Some(3), Some(1), Some(2), Some(5)];
+    let (counts, _) = batch_counts(&nudged, &target.noisy_copy(0.6, 22), BatchPolicy::Fixed(3), &ks, None)?;
+    assert_nudge_rejected(&format!("batch, {name}"), &counts[0][0], (&target, &nudged), &cfg, &PROMPT);
     Ok(())
 }
 
@@ -322,5 +343,106 @@ fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
         let got: Vec<Vec<u32>> = done.into_iter().map(|f| f.generation.tokens).collect();
         assert_ne!(got, plain, "{policy:?}: swapped rows went unnoticed");
     }
+    Ok(())
+}
+
+#[test]
+fn batch_power_a_stale_q_row_after_a_join_is_rejected() -> Result<()> {
+    // The bug: at the first step after sequences join or leave, a first draft is judged with
+    // the q row its slot held the step before, not the row it was drawn from. Every batch
+    // here starts with four new sequences, and they leave at different steps.
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.6, 22);
+    let ks = [Some(1), Some(2), Some(3), Some(5)];
+    let (name, cfg) = &settings()?[0];
+    let exact = exact_window(&target, cfg, &PROMPT, 0, 3);
+    let (counts, _) = batch_counts(&target, &draft, BatchPolicy::Fixed(3), &ks, None)?;
+    assert_fits(&format!("no fault, {name}"), &counts[0][0], &exact);
+    let (counts, _) = batch_counts(&target, &draft, BatchPolicy::Fixed(3), &ks, Some(BatchFault::StaleQ))?;
+    assert_rejects(&format!("stale q, {name}"), &counts[0][0], &exact);
+    Ok(())
+}
+
+/// The tokens of sampled requests decoded in one batch under `policy` (with `fault`), by
+/// request.
+fn batched(
+    requests: &[Request],
+    target: &MarkovModel,
+    draft: &MarkovModel,
+    policy: BatchPolicy,
+    fault: Option<BatchFault>,
+) -> Result<Vec<Vec<u32>>> {
+    let mut batch = BatchDecoder::new(policy)?;
+    if let Some(fault) = fault {
+        batch.inject_fault(fault);
+    }
+    for r in requests {
+        batch.add(draft.clone(), target.clone(), r.clone())?;
+    }
+    let mut done = batch.run()?;
+    done.sort_by_key(|f| f.id);
+    Ok(done.into_iter().map(|f| f.generation.tokens).collect())
+}
+
+/// Three sampled requests with seeds of their own, at temperature 1, top-k and top-p.
+fn seeded_requests() -> Result<Vec<Request>> {
+    let configs = settings()?;
+    Ok((0..3)
+        .map(|i| {
+            let cfg = configs[i % configs.len()].1.clone().with_seed(40 + i as u64);
+            Request::new(vec![2, i as u32, 5]).sampling(cfg).max_new_tokens(30)
+        })
+        .collect())
+}
+
+#[test]
+fn a_seeded_sequence_samples_the_same_alone_or_in_a_batch() -> Result<()> {
+    // Each sequence has its own generator, seeded by its request: with a fixed k, what it
+    // samples does not depend on the other sequences of its batch.
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.3, 22);
+    let requests = seeded_requests()?;
+    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(3)] {
+        let together = batched(&requests, &target, &draft, policy, None)?;
+        for (r, got) in requests.iter().zip(&together) {
+            let alone = batched(std::slice::from_ref(r), &target, &draft, policy, None)?;
+            assert_eq!(&alone[0], got, "{policy:?}: a sequence sampled differently beside others");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn batch_power_a_shared_rng_is_caught_by_seeded_output() -> Result<()> {
+    // A generator shared by the batch leaves each sequence's law intact (its draws are still
+    // independent uniforms), so no chi-square sees it; seeded output does.
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.3, 22);
+    let requests = seeded_requests()?;
+    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(3)] {
+        let alone: Vec<Vec<u32>> = (requests.iter())
+            .map(|r| Ok(batched(std::slice::from_ref(r), &target, &draft, policy, None)?.remove(0)))
+            .collect::<Result<_>>()?;
+        let shared = batched(&requests, &target, &draft, policy, Some(BatchFault::SharedRng))?;
+        assert_ne!(shared, alone, "{policy:?}: a shared generator went unnoticed");
+    }
+    Ok(())
+}
+
+#[test]
+fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let draft = target.noisy_copy(0.6, 22);
+    let prompts = [vec![2, 0, 5], vec![1, 4, 3], vec![3, 3, 1]];
+    let requests: Vec<Request> = prompts.iter().map(|p| Request::new(p.clone()).max_new_tokens(12)).collect();
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| Ok(PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(12).generate(p)?.tokens))
+        .collect::<Result<_>>()?;
+    assert_eq!(batched(&requests, &target, &draft, BatchPolicy::Fixed(2), None)?, plain);
+    // Wrong output or a failed step (a model asked to roll back past its end): either way caught.
+    let faulty = batched(&requests, &target, &draft, BatchPolicy::Fixed(2), Some(BatchFault::WrongRollBack));
+    eprintln!("roll-back on the wrong cache: {faulty:?}");
+    assert!(faulty.map_or(true, |got| got != plain), "a roll-back on the wrong cache went unnoticed");
     Ok(())
 }

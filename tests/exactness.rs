@@ -5,7 +5,10 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, reference_law, settings};
+use common::{
+    assert_fits, assert_nudge_rejected, assert_rejects, cell, check_windows, detection_limit, exact_window,
+    nudged_past_the_limit, processed_row, reference_law, settings, window_counts, SIGNIFICANCE,
+};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
@@ -219,6 +222,57 @@ fn sequence_power_resampling_from_p_is_rejected() -> Result<()> {
     }
     assert_rejects("sequence, resample from p", &counts, &exact_window(&target, &cfg, &PROMPT, 0, 3));
     Ok(())
+}
+
+/// Power near the detection limit of the sequence battery (60,000 generations, windows of
+/// 216 cells, 133 degrees of freedom after pooling): the same decoder, draft and k, but the
+/// target's rows nudged just far enough (ε ≈ 0.2 % toward random rows) that the law of the
+/// first window sits at twice the noncentrality the test catches half the time (λ ≈ 190
+/// against a limit of 93; a total variation of 0.7 points; power 99.98 %). The statistic must
+/// reject it against the unnudged target's law. So a bug that moves the emitted law by about
+/// that much is caught.
+#[test]
+fn sequence_power_a_law_just_past_the_detection_limit_is_rejected() -> Result<()> {
+    let target = toy_target();
+    let cfg = SamplingConfig::new(1.0)?;
+    let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
+    assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
+    let draft = target.noisy_copy(0.6, 22);
+    let mut dec = SpeculativeDecoder::builder(draft, nudged.clone()).k(4).sampling(cfg.clone()).seed(1100).build()?;
+    let (counts, _) = window_counts(&mut dec, VOCAB, &PROMPT, 4, SAMPLES)?;
+    assert_nudge_rejected("sequences, k = 4", &counts[0], (&target, &nudged), &cfg, &PROMPT);
+    Ok(())
+}
+
+/// [`detection_limit`] against a simulation: Pearson's statistic for `df + 1` cells is a sum of
+/// `df` squared normals; shifting one mean by √λ at the computed limit must exceed the critical
+/// value about half the time.
+#[test]
+fn the_detection_limit_is_where_the_statistic_rejects_half_the_time() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let mut normal = || {
+        let (u, v): (f64, f64) = (rng.random(), rng.random());
+        (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    };
+    assert!((detection_limit(5) - 31.9).abs() < 0.5, "{}", detection_limit(5));
+    for df in [5, 60, 215] {
+        let (lambda, critical) = (detection_limit(df), chi_critical(df));
+        let trials = 4_000;
+        let rejected = (0..trials)
+            .filter(|_| {
+                let first = (normal() + lambda.sqrt()).powi(2);
+                first + (1..df).map(|_| normal().powi(2)).sum::<f64>() > critical
+            })
+            .count();
+        let rate = rejected as f64 / trials as f64;
+        assert!((0.45..0.55).contains(&rate), "{df} df: rejected {rate:.3} at λ = {lambda:.1}");
+    }
+}
+
+/// The critical value of Pearson's statistic on `df` degrees of freedom at [`SIGNIFICANCE`].
+fn chi_critical(df: usize) -> f64 {
+    use statrs::distribution::{ChiSquared, ContinuousCDF};
+    ChiSquared::new(df as f64).map(|d| d.inverse_cdf(1.0 - SIGNIFICANCE)).unwrap_or(f64::INFINITY)
 }
 
 /// The joint of the first three tokens also passes on an order-1 pair like the seed's.

@@ -11,7 +11,10 @@
 
 mod common;
 
-use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, settings};
+use common::{
+    assert_fits, assert_nudge_rejected, assert_rejects, cell, check_windows, exact_window, nudged_past_the_limit,
+    processed_row, settings, window_counts,
+};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use specdec::kernel::{self, DraftRow, TreeNode, TreeVerdict};
@@ -240,6 +243,25 @@ fn the_decoder_with_model_trees_follows_the_target() -> Result<()> {
     // First children expanded (chain cost), then the best two per level (EAGLE-2).
     decoder_follows_the_target("model", &draft, TreeBudget::new(2, 3, 5, 1)?, 90)?;
     decoder_follows_the_target("model, 2 expanded per level,", &draft, TreeBudget::new(3, 3, 8, 2)?, 100)
+}
+
+/// Power near the detection limit of the decoder's tree battery (60,000 generations): the
+/// target's rows nudged until the first window's law sits at twice the noncentrality the
+/// test catches half the time (see `tests/exactness.rs`) must be rejected.
+#[test]
+fn the_decoder_tree_battery_rejects_a_law_just_past_its_detection_limit() -> Result<()> {
+    let (target, draft) = pair();
+    let cfg = SamplingConfig::new(1.0)?;
+    let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
+    assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
+    let mut dec = SpeculativeDecoder::builder(draft, nudged.clone())
+        .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8, 2)?))
+        .sampling(cfg.clone().with_seed(120))
+        .max_new_tokens(7)
+        .build()?;
+    let (counts, _) = window_counts(&mut dec, VOCAB, &PROMPT, 4, SAMPLES)?;
+    assert_nudge_rejected("decoder, model trees", &counts[0], (&target, &nudged), &cfg, &PROMPT);
+    Ok(())
 }
 
 #[test]

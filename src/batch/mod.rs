@@ -9,11 +9,15 @@
 //! the single-sequence [`SpeculativeDecoder`](crate::SpeculativeDecoder). A sequence with k = 0
 //! takes a plain step. The [`BatchPolicy`] picks the k's.
 
+mod fault;
 mod policy;
 mod sequence;
 
 use std::time::Instant;
 
+#[doc(hidden)]
+pub use fault::Fault;
+use fault::Injected;
 pub use policy::{BatchCosts, BatchPolicy, Candidate};
 use sequence::{Acceptance, Sequence};
 
@@ -132,6 +136,8 @@ pub struct BatchDecoder<D, T> {
     /// The acceptance of every sequence's drafts, pooled: where a new sequence's estimate
     /// starts.
     pool: Acceptance,
+    /// A bug the tests inject (none otherwise).
+    fault: Injected,
 }
 
 /// Where the pooled acceptance estimate starts: optimistic, so that the adaptive policy drafts
@@ -164,7 +170,14 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             next_id: 0,
             ready: true,
             pool: Acceptance::prior(FIRST_ALPHA),
+            fault: Injected::new(None),
         })
+    }
+
+    /// Injects a batch bug, for the tests that show their statistics catch it. Not for use.
+    #[doc(hidden)]
+    pub fn inject_fault(&mut self, fault: Fault) {
+        self.fault = Injected::new(Some(fault));
     }
 
     /// Adds a sequence that generates `request` with its own `draft` and `target` (for
@@ -301,9 +314,14 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             self.costs.observe_draft(active.len(), secs);
             (busy, scored) = (busy + secs, scored + active.len());
             for (&i, proposal) in active.iter().zip(proposals) {
-                self.seqs[i].take_proposal(proposal, secs)?;
+                let s = &mut self.seqs[i];
+                self.fault.swap_rng(&mut s.rng);
+                let taken = s.take_proposal(proposal, secs);
+                self.fault.swap_rng(&mut s.rng);
+                taken?;
             }
         }
+        self.fault.stale_q(&mut self.seqs);
         let start = Instant::now();
         let logits = {
             let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.seqs.len());
@@ -319,8 +337,22 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let rows: usize = logits.iter().map(|l| l.rows()).sum();
         self.costs.observe_target(rows, secs);
         let (prior, mut drafted) = (self.pool.alpha(), false);
-        for (s, rows) in self.seqs.iter_mut().zip(logits) {
-            let (k, accepted) = s.judge(&rows, secs, prior)?;
+        let n = self.seqs.len();
+        if logits.len() != n {
+            return Err(Error::BadModelOutput {
+                model: "target",
+                what: "batched calls",
+                expected: n,
+                got: logits.len(),
+            });
+        }
+        for (i, rows) in logits.iter().enumerate() {
+            let s = &mut self.seqs[i];
+            self.fault.swap_rng(&mut s.rng);
+            let judged = s.judge(rows, secs, prior);
+            self.fault.swap_rng(&mut s.rng);
+            let (k, accepted, keep) = judged?;
+            self.seqs[self.fault.roll_back_slot(i, n)].roll_back_to(keep)?;
             if k > 0 {
                 self.pool.observe(k, accepted);
                 drafted = true;

@@ -61,13 +61,13 @@ pub(super) struct Sequence<D, T> {
     prompt_len: usize,
     sampling: SamplingConfig,
     stop: StopRule,
-    rng: StdRng,
+    pub rng: StdRng,
     pub stats: Stats,
     pub finish: Option<FinishReason>,
     /// How often its drafts are accepted.
     pub acceptance: Acceptance,
     /// The block being drafted.
-    block: ChainBlock,
+    pub block: ChainBlock,
     /// False once the drafter has nothing more to propose this step.
     pub drafting: bool,
     /// The request's own k, if it has one.
@@ -154,10 +154,11 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         Ok(())
     }
 
-    /// Judges the block against the target's rows, keeps the verdict's tokens (up to a stop),
-    /// rolls both models back to the accepted prefix and updates the acceptance estimate (a
-    /// round without drafts relaxes it toward `prior`). Returns the round's (drafted, accepted).
-    pub fn judge(&mut self, logits: &Logits, secs: f64, prior: f64) -> Result<(usize, usize)> {
+    /// Judges the block against the target's rows, keeps the verdict's tokens (up to a stop)
+    /// and updates the acceptance estimate (a round without drafts relaxes it toward `prior`).
+    /// Returns the round's (drafted, accepted) and the context length both models must be
+    /// rolled back to ([`roll_back_to`](Self::roll_back_to)).
+    pub fn judge(&mut self, logits: &Logits, secs: f64, prior: f64) -> Result<(usize, usize, usize)> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
         let (k, vocab) = (self.block.tokens().len(), self.target.vocab_size());
@@ -169,10 +170,6 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         } else {
             self.acceptance.relax(prior);
         }
-        self.target.truncate(n + accepted)?;
-        if self.draft.context_len() > n + accepted {
-            self.draft.truncate(n + accepted)?;
-        }
         for t in verdict.tokens {
             self.ctx.push(t);
             self.stats.new_tokens += 1;
@@ -181,7 +178,17 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
                 break;
             }
         }
-        Ok((k, accepted))
+        Ok((k, accepted, n + accepted))
+    }
+
+    /// Rolls both models back to `keep` tokens after a round: the accepted prefix (the last
+    /// emitted token is fed next round).
+    pub fn roll_back_to(&mut self, keep: usize) -> Result<()> {
+        self.target.truncate(keep)?;
+        if self.draft.context_len() > keep {
+            self.draft.truncate(keep)?;
+        }
+        Ok(())
     }
 
     /// After a failure, rolls both models back to the tokens kept so far; false if that fails.

@@ -36,6 +36,14 @@ impl ChainBlock {
         &self.tokens
     }
 
+    /// The q row the `i`-th drafted token was sampled from, if it was sampled from a row.
+    pub fn q_row_mut(&mut self, i: usize) -> Option<&mut Vec<f32>> {
+        match self.dense.get(i) {
+            Some(true) => self.q_rows.get_mut(i),
+            _ => None,
+        }
+    }
+
     /// Turns the draft's proposal into the block's next token: sampled from q with `sampling`
     /// and `rng` (or the winner of the coupled race on q), unless greedy or a point mass.
     /// False when the draft proposed nothing.

@@ -171,22 +171,125 @@ pub fn check_windows<D: DraftModel, T: TargetModel>(
     second: usize,
     samples: usize,
 ) -> Result<Stats> {
-    let vocab = target.vocab();
-    let windows = [0, second];
-    let exact: Vec<Vec<f64>> = windows.iter().map(|&s| exact_window(target, cfg, prompt, s, 3)).collect();
-    let mut counts = vec![vec![0u64; vocab.pow(3)]; windows.len()];
+    let (counts, total) = window_counts(decoder, target.vocab(), prompt, second, samples)?;
+    for (c, s) in counts.iter().zip([0, second]) {
+        assert_fits(&format!("{name}, tokens {s}..{}", s + 3), c, &exact_window(target, cfg, prompt, s, 3));
+    }
+    Ok(total)
+}
+
+/// The counts [`check_windows`] tests (windows 0..3 and `second..second + 3`), and the summed
+/// counters.
+pub fn window_counts<D: DraftModel, T: TargetModel>(
+    decoder: &mut SpeculativeDecoder<D, T>,
+    vocab: usize,
+    prompt: &[u32],
+    second: usize,
+    samples: usize,
+) -> Result<([Vec<u64>; 2], Stats)> {
+    let mut counts = [vec![0u64; vocab.pow(3)], vec![0u64; vocab.pow(3)]];
     let mut total = Stats::default();
     for _ in 0..samples {
         let out = decoder.generate(prompt)?;
-        for (w, &s) in windows.iter().enumerate() {
-            counts[w][cell(&out.tokens, s, 3, vocab)] += 1;
+        for (c, s) in counts.iter_mut().zip([0, second]) {
+            c[cell(&out.tokens, s, 3, vocab)] += 1;
         }
         total += &out.stats;
     }
-    for (w, &s) in windows.iter().enumerate() {
-        assert_fits(&format!("{name}, tokens {s}..{}", s + 3), &counts[w], &exact[w]);
+    Ok((counts, total))
+}
+
+/// Pearson's noncentrality when `n` draws from `shifted` are tested against `exact` (cells
+/// pooled as [`chi_square`] pools them), and the test's degrees of freedom.
+pub fn noncentrality(exact: &[f64], shifted: &[f64], n: usize) -> (f64, usize) {
+    let n = n as f64;
+    let (mut lambda, mut cells, mut pooled) = (0.0, 0, (0.0, 0.0));
+    for (&p, &e) in exact.iter().zip(shifted) {
+        if p * n < 5.0 {
+            pooled = (pooled.0 + p, pooled.1 + e);
+        } else {
+            lambda += n * (e - p).powi(2) / p;
+            cells += 1;
+        }
     }
-    Ok(total)
+    if pooled.0 > 0.0 {
+        lambda += n * (pooled.1 - pooled.0).powi(2) / pooled.0;
+        cells += 1;
+    }
+    (lambda, cells.max(2) - 1)
+}
+
+/// The detection limit of Pearson's test on `df` degrees of freedom at [`SIGNIFICANCE`]: the
+/// noncentrality λ it rejects half the time. The noncentral chi-square is taken as c·χ²(h),
+/// c = (df + 2λ)/(df + λ), h = (df + λ)²/(df + 2λ) (Patnaik's approximation, within a few
+/// percent here); λ is found by bisection. At 5 degrees of freedom it is 31.9.
+pub fn detection_limit(df: usize) -> f64 {
+    let (mut lo, mut hi) = (0.0, 100.0 * df as f64 + 1000.0);
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if power(df, mid) < 0.5 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+/// The chance that Pearson's test on `df` degrees of freedom rejects at [`SIGNIFICANCE`] a law
+/// at noncentrality `lambda` (Patnaik's approximation, as in [`detection_limit`]).
+pub fn power(df: usize, lambda: f64) -> f64 {
+    let k = df as f64;
+    let critical = ChiSquared::new(k).map(|d| d.inverse_cdf(1.0 - SIGNIFICANCE)).unwrap_or(f64::INFINITY);
+    let (c, h) = ((k + 2.0 * lambda) / (k + lambda), (k + lambda).powi(2) / (k + 2.0 * lambda));
+    ChiSquared::new(h).map(|d| d.sf(critical / c)).unwrap_or(0.0)
+}
+
+/// For a power check near a battery's detection limit: a copy of `target` whose rows are
+/// nudged toward random rows (`noisy_copy` with ε from 10⁻⁴ up by 5 % steps), the first whose law of
+/// tokens `start..start + 3` (sampled with `cfg` after `prompt`) sits at twice the detection
+/// limit of `n` draws tested against `target`'s, where the test rejects it with a power of
+/// 99.9 % or more. Returns the copy, ε and λ / limit (which the caller should check is below
+/// about 3: near the limit, not far past it).
+pub fn nudged_past_the_limit(
+    target: &MarkovModel,
+    cfg: &SamplingConfig,
+    prompt: &[u32],
+    start: usize,
+    n: usize,
+) -> (MarkovModel, f32, f64) {
+    let exact = exact_window(target, cfg, prompt, start, 3);
+    for step in 0..200 {
+        let eps = 1e-4 * 1.05f32.powi(step);
+        let nudged = target.noisy_copy(eps, 777);
+        let shifted = exact_window(&nudged, cfg, prompt, start, 3);
+        let (lambda, df) = noncentrality(&exact, &shifted, n);
+        let ratio = lambda / detection_limit(df);
+        if ratio >= 2.0 {
+            let tv: f64 = 0.5 * exact.iter().zip(&shifted).map(|(a, b)| (a - b).abs()).sum::<f64>();
+            eprintln!(
+                "nudged by ε = {eps:.4}: λ = {lambda:.1} on {df} df, {ratio:.2} times the detection limit \
+                 (power {:.4}), total variation {tv:.4}",
+                power(df, lambda)
+            );
+            return (nudged, eps, ratio);
+        }
+    }
+    panic!("no nudge up to ε = 1 reaches the detection limit");
+}
+
+/// The power check near a battery's detection limit: `counts` of the first three tokens, drawn
+/// by a decoder whose target was `nudged` (see [`nudged_past_the_limit`]), fit the nudged law
+/// and are rejected against `target`'s.
+pub fn assert_nudge_rejected(
+    what: &str,
+    counts: &[u64],
+    (target, nudged): (&MarkovModel, &MarkovModel),
+    cfg: &SamplingConfig,
+    prompt: &[u32],
+) {
+    assert_fits(&format!("{what}, against the nudged law"), counts, &exact_window(nudged, cfg, prompt, 0, 3));
+    assert_rejects(&format!("{what}, nudged target"), counts, &exact_window(target, cfg, prompt, 0, 3));
 }
 
 pub mod faulty;

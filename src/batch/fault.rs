@@ -1,0 +1,78 @@
+//! Batch bugs that the tests inject on purpose, to show that their statistics catch each one
+//! (`tests/batch.rs`, the `batch_power_*` tests). Not for use: a batch with a fault set emits
+//! the wrong distribution, or the wrong tokens, by design. With no fault set (always, outside
+//! those tests) every method here does nothing.
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::sequence::Sequence;
+use super::SeqId;
+
+/// A batch bug to inject with [`BatchDecoder::inject_fault`](super::BatchDecoder::inject_fault).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Every sequence draws from one random number generator, instead of each from its own:
+    /// a sequence's tokens then depend on its batch.
+    SharedRng,
+    /// At the first step after a sequence joins or leaves, each sequence's first draft is
+    /// judged against the q row its slot held the step before (another sequence's, or its own
+    /// from another round), while the token was drawn from the fresh row.
+    StaleQ,
+    /// Each sequence's roll-back after judging is applied to the next sequence's models.
+    WrongRollBack,
+}
+
+/// The fault a batch carries, with the state it needs.
+pub(super) struct Injected {
+    fault: Option<Fault>,
+    /// [`Fault::SharedRng`]'s generator.
+    rng: StdRng,
+    /// [`Fault::StaleQ`]: each slot's first q row and occupant at the last step.
+    rows: Vec<Vec<f32>>,
+    ids: Vec<SeqId>,
+}
+
+impl Injected {
+    pub fn new(fault: Option<Fault>) -> Self {
+        Self { fault, rng: StdRng::seed_from_u64(0), rows: Vec::new(), ids: Vec::new() }
+    }
+
+    /// [`Fault::SharedRng`]: swaps the shared generator with a sequence's own (call again to
+    /// swap it back).
+    pub fn swap_rng(&mut self, rng: &mut StdRng) {
+        if self.fault == Some(Fault::SharedRng) {
+            std::mem::swap(rng, &mut self.rng);
+        }
+    }
+
+    /// [`Fault::StaleQ`], after drafting: on a step whose sequences differ from the last
+    /// step's, gives each sequence's first q row the one its slot held last step.
+    pub fn stale_q<D, T>(&mut self, seqs: &mut [Sequence<D, T>]) {
+        if self.fault != Some(Fault::StaleQ) {
+            return;
+        }
+        let ids: Vec<SeqId> = seqs.iter().map(|s| s.id).collect();
+        let changed = ids != self.ids;
+        self.rows.resize_with(seqs.len(), Vec::new);
+        for (s, old) in seqs.iter_mut().zip(&mut self.rows) {
+            if let Some(q) = s.block.q_row_mut(0) {
+                if changed && old.len() == q.len() {
+                    std::mem::swap(q, old);
+                } else {
+                    old.clone_from(q);
+                }
+            }
+        }
+        self.ids = ids;
+    }
+
+    /// Which of `n` sequences the roll-back of sequence `i` is applied to.
+    pub fn roll_back_slot(&self, i: usize, n: usize) -> usize {
+        match self.fault {
+            Some(Fault::WrongRollBack) => (i + 1) % n,
+            _ => i,
+        }
+    }
+}
