@@ -196,7 +196,8 @@ fn trees_of_top_k_children_follow_the_target() -> Result<()> {
             ((Children::TopK(3), Children::TopK(2)), "top-k"),
             ((Children::TopK(3), Children::Sampled(2)), "top-k over sampled"),
         ] {
-            let (c, _) = counts(&target, &draft, &cfg, how, Rule::Exact, 70 + i as u64)?;
+            let (c, accepted) = counts(&target, &draft, &cfg, how, Rule::Exact, 70 + i as u64)?;
+            assert!(accepted > SAMPLES / 2, "{what}, {name}: the trees were hardly ever accepted ({accepted})");
             assert_fits(&format!("tree, {what} children, {name}"), &c, &exact_window(&target, &cfg, &PROMPT, 0, LEN));
         }
     }
@@ -229,9 +230,8 @@ fn decoder_follows_the_target<D: DraftModel + Clone>(
         let total =
             check_windows(&format!("decoder, {what} trees, {name}"), &mut dec, &target, &cfg, &PROMPT, 4, SAMPLES)?;
         assert!(
-            total.accepted > SAMPLES / 2,
-            "{what}, {name}: the trees were hardly ever accepted ({})",
-            total.accepted
+            total.accepted > SAMPLES / 2 && total.rejections > 0,
+            "{what}, {name}: the trees were hardly ever accepted, or never rejected ({total:?})"
         );
     }
     Ok(())
