@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong in `specdec`, with the values that were wrong.
+/// Everything that can go wrong in `specdec`, with the values that were wrong. New kinds may
+/// be added: match with a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The draft and the target disagree on the vocabulary size.
     #[error("vocabulary mismatch: the draft has {draft} tokens, the target {target}")]
@@ -83,6 +85,7 @@ pub enum Error {
 
     /// An error from candle.
     #[error(transparent)]
+    #[cfg(feature = "models")]
     Candle(#[from] candle_core::Error),
 
     /// An I/O error.

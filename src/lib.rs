@@ -53,21 +53,51 @@
 //!
 //! ## Where things are
 //! - [`kernel`]: the accept/reject rule on probability rows (pure, RNG passed in).
-//! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target.
+//! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target; coupled noise.
+//! - [`tree`]: trees of drafts ([`DraftTree`], [`TreeBudget`]) and a tree call's layout
+//!   ([`TreeShape`]).
 //! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
-//! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline.
+//! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline; [`stop`]:
+//!   [`StopRule`].
 //! - [`batch`]: [`BatchDecoder`], several sequences per target pass, and [`BatchPolicy`], the
 //!   k of each that pays at the batch's size.
-//! - [`draft`]: [`Drafter`] (chosen at run time), [`NGramDraft`] (prompt lookup) and
-//!   [`LookupOr`] (lookup where it matches, a model elsewhere).
-//! - [`heads`]: EAGLE-1/2, EAGLE-3 and Medusa draft heads on the target's hidden states.
+//! - [`draft`]: [`NGramDraft`] (prompt lookup) and [`LookupOr`] (lookup where it matches, a
+//!   model elsewhere).
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
-//! - [`stats`]: counters, timings and the seed's speedup formulas.
-//! - [`models`]: the llama-family model, [`Llama`], on two engines: [`models::native`] (our own CPU
+//! - [`stats`]: counters, timings, the [`Clock`] they are read on, and the seed's speedup
+//!   formulas.
+//! - `models`: the llama-family model, `Llama`, on two engines: `models::native` (our own CPU
 //!   kernels: small-M f32 and quantized products, a thread team) and candle (any device).
-//! - [`loading`], [`tokenizer`]: GGUF, safetensors folders, the hub cache; tokenizers.
-//! - [`tools`]: tool-call speculation for agent loops.
+//! - `loading`, `tokenizer`: GGUF, safetensors folders, the hub cache; tokenizers.
+//! - `heads`: EAGLE-1/2, EAGLE-3 and Medusa draft heads on the target's hidden states.
+//! - `drafter`: `Drafter`, the drafter chosen at run time from a `DrafterSpec`.
+//! - `tools`: tool-call speculation for agent loops.
 //! - [`toy`]: Markov-chain models for tests and simulation.
+//!
+//! ## Layers
+//! Each module imports only from the layers before it (tests aside):
+//! 1. `error`, `cpu`, `stats`, `math`, `stop`;
+//! 2. `sampling`, then `kernel`, then `tree`, then `model` (the traits), then `toy`;
+//! 3. `adaptive`, `draft`;
+//! 4. `decoder`, `plain`, then `batch`;
+//! 5. `models`, `tokenizer`, then `loading`, then `heads`, then `drafter`;
+//! 6. `tools`.
+//!
+//! ## Features
+//! All on by default, so that the README's commands work as written:
+//! - `models`: `Llama` on candle and the native engine (candle-core, candle-nn);
+//! - `llama`: loading GGUF files and safetensors folders, tokenizers, `Drafter` (tokenizers,
+//!   safetensors);
+//! - `hub`: models and heads named by a hub id (hf-hub);
+//! - `heads`: draft heads; `train`: training them;
+//! - `tools`: tool-call speculation;
+//! - `cuda` (off by default): candle's CUDA backend.
+//!
+//! With `default-features = false` the crate is the decoders, the kernel, the traits, the
+//! n-gram drafters and the toy models, built without candle, tokenizers or hf-hub.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
 pub mod math;
@@ -77,28 +107,44 @@ pub mod batch;
 pub mod cpu;
 pub mod decoder;
 pub mod draft;
+#[cfg(feature = "llama")]
+pub mod drafter;
 pub mod error;
+#[cfg(feature = "heads")]
 pub mod heads;
 pub mod kernel;
+#[cfg(feature = "llama")]
 pub mod loading;
 pub mod model;
+#[cfg(feature = "models")]
 pub mod models;
 pub mod plain;
 pub mod sampling;
 pub mod stats;
+pub mod stop;
+#[cfg(feature = "llama")]
 pub mod tokenizer;
+#[cfg(feature = "tools")]
 pub mod tools;
 pub mod toy;
+pub mod tree;
 
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
-pub use decoder::{DecoderBuilder, SpeculativeDecoder, StopRule};
-pub use draft::{DraftTree, Drafter, DrafterSpec, LookupOr, NGramDraft, TreeBudget};
+pub use decoder::{DecoderBuilder, SpeculativeDecoder};
+pub use draft::{LookupOr, NGramDraft};
+#[cfg(feature = "llama")]
+pub use drafter::{Drafter, DrafterSpec};
 pub use error::{Error, Result};
+#[cfg(feature = "llama")]
 pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};
-pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, TreeShape, WeightFormat};
+#[cfg(feature = "models")]
+pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;
 pub use sampling::SamplingConfig;
 pub use stats::{Clock, FinishReason, Generation, Stats};
+pub use stop::StopRule;
+#[cfg(feature = "llama")]
 pub use tokenizer::{TextStream, Tokenizer};
+pub use tree::{DraftTree, TreeBudget, TreeShape};

@@ -4,11 +4,11 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::decoder::{check_prompt, pending, StopRule};
 use crate::error::{Error, Result};
 use crate::model::TargetModel;
 use crate::sampling::{argmax, sample, SamplingConfig};
 use crate::stats::{Clock, FinishReason, Generation, Stats};
+use crate::stop::{check_prompt, pending, StopRule};
 
 /// Samples one token per target call with the given settings.
 ///

@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, settings};
 use specdec::batch::{BatchDecoder, BatchPolicy, Request};
-use specdec::kernel::Noise;
+use specdec::sampling::Noise;
 use specdec::toy::{MarkovModel, PointDraft};
 use specdec::{
     DraftModel, KPolicy, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy,

@@ -64,6 +64,18 @@ fn same_seed_same_tokens() -> Result<()> {
 }
 
 #[test]
+fn a_seed_holds_whether_set_before_or_after_the_sampling_settings() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(32, 0.3, 5);
+    let cfg = SamplingConfig::new(0.9)?.with_seed(1);
+    let builder = || SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).max_new_tokens(50);
+    let after = builder().sampling(cfg.clone()).seed(9).build()?.generate(&[1, 2])?.tokens;
+    let before = builder().seed(9).sampling(cfg.clone()).build()?.generate(&[1, 2])?.tokens;
+    let own = builder().sampling(cfg.with_seed(9)).build()?.generate(&[1, 2])?.tokens;
+    assert_eq!((&before, &after), (&own, &own));
+    Ok(())
+}
+
+#[test]
 fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
     let (target, draft) = MarkovModel::pair(16, 0.2, 8);
     let greedy = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[3])?;

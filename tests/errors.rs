@@ -3,8 +3,8 @@
 mod common;
 
 use common::faulty::{Fault, Faulty};
-use specdec::draft::ChildPicker;
 use specdec::toy::MarkovModel;
+use specdec::tree::ChildPicker;
 use specdec::{
     DraftModel, DraftTree, Error, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, TreeBudget,
     TreePolicy,

@@ -14,7 +14,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::{gemma3, mistral, quantized_phi3, quantized_qwen2, quantized_qwen3, qwen2, qwen3};
 use specdec::loading::{GgufFile, SafetensorsDir, TensorSource};
-use specdec::models::{Family, TreeShape};
+use specdec::models::Family;
+use specdec::tree::TreeShape;
 use specdec::{Engine, Llama, LlamaConfig, LlamaWeights, Result, TargetModel, WeightFormat};
 
 const VOCAB: usize = 64;

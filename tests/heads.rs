@@ -11,7 +11,8 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use common::heads::{temp_dir, trained_heads, write_eagle1, write_eagle3, write_medusa};
 use common::models::{model_path, STORIES};
-use specdec::heads::{EagleDraft, EagleHead, EagleVersion, Features, HeadFiles, TargetParts};
+use specdec::heads::{EagleDraft, EagleHead, EagleVersion, HeadFiles, TargetParts};
+use specdec::models::Features;
 use specdec::{
     DraftModel, Drafter, DrafterSpec, Llama, ModelFiles, PlainDecoder, Proposal, Result, SamplingConfig,
     SpeculativeDecoder, TargetModel, TreeBudget, TreePolicy, WeightFormat,

@@ -343,11 +343,11 @@ impl DraftModel for KeepsLikelyDraws {
         &mut self,
         tokens: &[u32],
         _: TreeBudget,
-        picker: &mut specdec::draft::ChildPicker,
+        picker: &mut specdec::tree::ChildPicker,
     ) -> Result<specdec::DraftTree> {
         let mut tree = specdec::DraftTree::new();
         if let specdec::Proposal::Logits(row) = DraftModel::propose(&mut self.0, tokens)? {
-            if let Some(specdec::draft::Child { token, logp, row: Some(q) }) = picker.pick(&row, 1, 0)?.pop() {
+            if let Some(specdec::tree::Child { token, logp, row: Some(q) }) = picker.pick(&row, 1, 0)?.pop() {
                 if logp > 0.3f32.ln() {
                     tree.push_sampled(token, None, q)?;
                 }

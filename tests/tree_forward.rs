@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
-use specdec::models::TreeShape;
+use specdec::tree::TreeShape;
 use specdec::{Engine, Llama, Logits, ModelFiles, Result, TargetModel, WeightFormat};
 
 /// max |a − b| / max |b|.

@@ -6,8 +6,8 @@
 //! on a CPU) and the wider draft calls. Both sides of that trade are what the chooser
 //! measures: each shape's tokens per second, acceptance and costs together.
 
-use crate::draft::TreeBudget;
 use crate::error::{Error, Result};
+use crate::tree::TreeBudget;
 
 /// Whether rounds draft chains or trees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,11 +21,11 @@ use fault::Injected;
 pub use policy::{BatchCosts, BatchPolicy, Candidate};
 use sequence::{Acceptance, Sequence};
 
-use crate::decoder::{pending, StopRule};
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
 use crate::stats::Generation;
+use crate::stop::{pending, StopRule};
 
 /// A sequence's handle in a [`BatchDecoder`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,11 +5,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::{Finished, Request, SeqId};
-use crate::decoder::{check_prompt, pending, roll_back, ChainBlock, StopRule};
+use crate::decoder::{roll_back, ChainBlock};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Logits, Proposal, TargetModel};
 use crate::sampling::SamplingConfig;
 use crate::stats::{FinishReason, Generation, Stats};
+use crate::stop::{check_prompt, pending, StopRule};
 
 /// How much of the last rounds' acceptance counts stays each round (older rounds fade).
 const KEEP: f64 = 0.95;

@@ -5,8 +5,9 @@
 use rand::Rng;
 
 use crate::error::{Error, Result};
-use crate::kernel::{self, DraftRow, Noise, Verdict};
+use crate::kernel::{self, DraftRow, Verdict};
 use crate::model::{Logits, Proposal};
+use crate::sampling::Noise;
 use crate::sampling::{argmax, sample, SamplingConfig};
 
 #[derive(Debug, Default)]

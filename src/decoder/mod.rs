@@ -10,65 +10,14 @@ mod tree;
 pub(crate) use block::ChainBlock;
 
 use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
-use crate::draft::TreeBudget;
 use crate::error::{Error, Result};
-use crate::kernel::{Noise, Verdict};
+use crate::kernel::Verdict;
 use crate::model::{DraftModel, TargetModel};
+use crate::sampling::Noise;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats};
-
-/// When a generation ends: after `max_new_tokens`, or right after any of `stop_tokens`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StopRule {
-    /// The most tokens to generate.
-    pub max_new_tokens: usize,
-    /// Tokens that end the generation (included in the output as its last token).
-    pub stop_tokens: Vec<u32>,
-}
-
-impl Default for StopRule {
-    /// 128 new tokens, no stop token.
-    fn default() -> Self {
-        Self { max_new_tokens: 128, stop_tokens: Vec::new() }
-    }
-}
-
-impl StopRule {
-    /// Why a generation that has produced `generated` must stop, if it must.
-    pub fn finish(&self, generated: &[u32]) -> Option<FinishReason> {
-        match generated.last() {
-            Some(t) if self.stop_tokens.contains(t) => Some(FinishReason::Stop),
-            _ if generated.len() >= self.max_new_tokens => Some(FinishReason::Length),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn check(&self, vocab: usize) -> Result<()> {
-        match self.stop_tokens.iter().find(|&&t| t as usize >= vocab) {
-            Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Checks a prompt against a vocabulary.
-pub(crate) fn check_prompt(prompt: &[u32], vocab: usize) -> Result<()> {
-    if prompt.is_empty() {
-        return Err(Error::EmptyPrompt);
-    }
-    match prompt.iter().find(|&&t| t as usize >= vocab) {
-        Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
-        None => Ok(()),
-    }
-}
-
-/// The tokens of `ctx` a model holding `len` of them has not seen yet (at least one).
-pub(crate) fn pending<'a>(ctx: &'a [u32], len: usize, model: &'static str) -> Result<&'a [u32]> {
-    if len >= ctx.len() {
-        return Err(Error::BadModelOutput { model, what: "context tokens", expected: ctx.len() - 1, got: len });
-    }
-    Ok(&ctx[len..])
-}
+use crate::stop::{check_prompt, pending, StopRule};
+use crate::tree::TreeBudget;
 
 /// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
 pub struct DecoderBuilder<D, T> {
@@ -79,13 +28,14 @@ pub struct DecoderBuilder<D, T> {
     sampling: SamplingConfig,
     stop: StopRule,
     clock: Clock,
+    seed: Option<u64>,
 }
 
 impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
     /// Whether rounds draft trees of candidates rather than one chain (default: chains only;
     /// see [`TreePolicy`]). The target scores a tree in one call through
     /// [`TargetModel::forward_tree`] and the tree is judged exactly
-    /// ([`verify_tree`](kernel::verify_tree)); the draft proposes it through
+    /// ([`verify_tree`](crate::kernel::verify_tree)); the draft proposes it through
     /// [`DraftModel::propose_tree`].
     pub fn tree(mut self, policy: TreePolicy) -> Self {
         self.tree = policy;
@@ -107,15 +57,17 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
         self
     }
 
-    /// Sampling settings, applied alike to draft and target (default greedy).
+    /// Sampling settings, applied alike to draft and target (default greedy). Their seed is
+    /// used unless [`seed`](Self::seed) sets one, before or after.
     pub fn sampling(mut self, sampling: SamplingConfig) -> Self {
         self.sampling = sampling;
         self
     }
 
-    /// The seed of the random number generator (overrides the sampling settings' seed).
+    /// The seed of the random number generator (overrides the sampling settings' seed,
+    /// whichever is set last).
     pub fn seed(mut self, seed: u64) -> Self {
-        self.sampling = self.sampling.with_seed(seed);
+        self.seed = Some(seed);
         self
     }
 
@@ -152,13 +104,17 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             return Err(Error::VocabMismatch { draft, target });
         }
         self.stop.check(target)?;
+        let sampling = match self.seed {
+            Some(seed) => self.sampling.with_seed(seed),
+            None => self.sampling,
+        };
         Ok(SpeculativeDecoder {
-            rng: StdRng::seed_from_u64(self.sampling.seed()),
+            rng: StdRng::seed_from_u64(sampling.seed()),
             draft: self.draft,
             target: self.target,
             k,
             shape: ShapeChooser::new(self.tree),
-            sampling: self.sampling,
+            sampling,
             stop: self.stop,
             ctx: Vec::new(),
             prompt_len: 0,
@@ -230,6 +186,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
             sampling: SamplingConfig::greedy(),
             stop: StopRule::default(),
             clock: Clock::wall(),
+            seed: None,
         }
     }
 

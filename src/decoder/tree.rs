@@ -2,11 +2,11 @@
 //! in one call, the kernel walks it, and both models keep the accepted path.
 
 use super::{pending, SpeculativeDecoder};
-use crate::draft::{ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::kernel::{self, DraftRow, TreeNode, Verdict};
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::argmax;
+use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// A tree round: the draft proposes a tree, the target scores it in one call, the kernel

@@ -3,9 +3,9 @@
 //! of vLLM and transformers). No model, no weights: it pays off wherever the output repeats the
 //! prompt or itself (code edits, summaries quoting the source, retrieval answers).
 
-use crate::draft::tree::{ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal};
+use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// An n-gram drafter: for n from `max_n` down to `min_n`, it looks for the most recent earlier
 /// occurrence of the context's last n tokens and proposes the token that followed it, as a

@@ -133,7 +133,7 @@ impl HeadFiles {
         let fail = |reason: String| Error::Load { path: dir.clone(), reason };
         let (config, st): (HeadConfig, _) = open_folder(&dir)?;
         let mut tensors = HashMap::new();
-        for (name, view) in st.tensors() {
+        for (name, view) in st.views() {
             // EAGLE-3's `t2d` is a boolean mask only training uses (and candle has no bool type).
             if view.dtype() == safetensors::Dtype::BOOL {
                 continue;

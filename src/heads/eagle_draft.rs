@@ -7,11 +7,12 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use super::eagle::{EagleHead, HeadInput};
-use super::features::Features;
 use super::layer::{mask, rope_tables, LayerCache};
-use crate::draft::{grow, ChildPicker, DraftTree, TreeBudget};
 use crate::error::{Error, Result};
+use crate::model::grow;
 use crate::model::{DraftModel, Proposal};
+use crate::models::Features;
+use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// An EAGLE head drafting for the target whose hidden states `features` records.
 ///

@@ -7,8 +7,8 @@
 //! `P(emit t) = min(p(t), q(t)) + max(0, p(t) - q(t)) = p(t)`.
 //!
 //! [`verify_tree`] applies the same rule to a tree of drafts (see the `tree` module's proof).
-//! [`Noise`] is the coupled alternative: every draw fixed by the seed and the position, so that
-//! speculative output equals plain output token for token (see the `coupled` module).
+//! [`Noise`](crate::sampling::Noise) is the coupled alternative: every draw fixed by the seed
+//! and the position, so that speculative output equals plain output token for token.
 //!
 //! Everything here is pure: slices in, a decision out, the random number generator passed in.
 //! Rows need not be normalized: `p` and `q` are divided by their own sums (taken in f64), so the
@@ -19,10 +19,8 @@ use rand::{Rng, RngExt};
 use crate::error::{Error, Result};
 use crate::sampling::sample_weighted;
 
-mod coupled;
 mod tree;
 
-pub use coupled::Noise;
 pub use tree::{children, tree_emission_probabilities, verify_tree, verify_tree_greedy, TreeNode, TreeVerdict};
 
 /// The draft's distribution at one position.

@@ -1,9 +1,10 @@
-//! Hugging Face hub repositories, fetched into (or found in) the local hub cache.
+//! Hugging Face hub repositories, fetched into (or found in) the local hub cache. Without the
+//! `hub` feature the fetches are errors that say so.
 
 use std::path::PathBuf;
 
-use hf_hub::api::sync::ApiBuilder;
-use hf_hub::Cache;
+#[cfg(feature = "hub")]
+use hf_hub::{api::sync::ApiBuilder, Cache};
 
 use crate::error::{Error, Result};
 
@@ -43,12 +44,19 @@ pub fn is_repo_id(spec: &str) -> bool {
 }
 
 /// A function that finds `file` of the hub model `repo` in the cache or downloads it.
+#[cfg(feature = "hub")]
 fn getter(repo: &str, cache_dir: Option<PathBuf>) -> Result<impl Fn(&str) -> Result<PathBuf> + '_> {
     let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
     let api =
         ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
     let model = api.model(repo.to_string());
     Ok(move |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}"))))
+}
+
+/// Without the `hub` feature: every file is an error that says so.
+#[cfg(not(feature = "hub"))]
+fn getter(repo: &str, _cache_dir: Option<PathBuf>) -> Result<impl Fn(&str) -> Result<PathBuf> + '_> {
+    Ok(move |file: &str| Err(Error::Hub(format!("{repo}/{file}: specdec was built without the `hub` feature"))))
 }
 
 /// The snapshot folder holding `file`.

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::safetensors::MmapedSafetensors;
+use candle_core::safetensors::BufferedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
@@ -17,15 +17,47 @@ pub struct SafetensorsDir {
     dir: PathBuf,
     config: LlamaConfig,
     tied: bool,
-    tensors: MmapedSafetensors,
+    tensors: Tensors,
 }
 
-/// Reads a folder's `config.json` as `C` and maps its `*.safetensors` files.
+/// The tensors of a folder's `*.safetensors` files, read into memory. (Mapping the files would
+/// save the copy, but a mapped file that another process truncates is undefined behaviour
+/// behind a safe call; candle makes mapping `unsafe` for that reason.)
+pub(crate) struct Tensors(Vec<BufferedSafetensors>);
+
+impl Tensors {
+    /// Reads `files`.
+    fn read(files: &[PathBuf], fail: impl Fn(String) -> Error) -> Result<Self> {
+        let read = |f: &PathBuf| {
+            let bytes = std::fs::read(f).map_err(|e| fail(format!("{}: {e}", f.display())))?;
+            BufferedSafetensors::new(bytes).map_err(|e| fail(format!("{}: safetensors: {e}", f.display())))
+        };
+        files.iter().map(read).collect::<Result<_>>().map(Self)
+    }
+
+    /// Whether a file holds tensor `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|f| f.get(name).is_ok())
+    }
+
+    /// Tensor `name` on `device`, in its stored type.
+    pub fn load(&self, name: &str, device: &Device) -> Result<Tensor> {
+        let file = self.0.iter().find(|f| f.get(name).is_ok()).ok_or_else(|| Error::MissingTensor(name.into()))?;
+        Ok(file.load(name, device)?)
+    }
+
+    /// Every tensor's name and view, file by file.
+    pub fn views(&self) -> impl Iterator<Item = (String, safetensors::tensor::TensorView<'_>)> {
+        self.0.iter().flat_map(|f| f.tensors())
+    }
+}
+
+/// Reads a folder's `config.json` as `C` and its `*.safetensors` files.
 ///
 /// # Errors
 /// [`Error::Load`] for a missing or malformed config, no safetensors file (naming
 /// `pytorch_model.bin` when that is all there is), or corrupt files.
-pub(crate) fn open_folder<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(C, MmapedSafetensors)> {
+pub(crate) fn open_folder<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(C, Tensors)> {
     let fail = |reason: String| Error::Load { path: dir.to_path_buf(), reason };
     let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| fail(format!("config.json: {e}")))?;
     let config: C = serde_json::from_str(&text).map_err(|e| fail(format!("config.json: {e}")))?;
@@ -41,14 +73,11 @@ pub(crate) fn open_folder<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<
         };
         return Err(fail(reason.into()));
     }
-    // SAFETY: the files are memory-mapped read-only; like every mmap-based loader this assumes
-    // nobody truncates them while they are being read.
-    let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| fail(format!("safetensors: {e}")))?;
-    Ok((config, tensors))
+    Ok((config, Tensors::read(&files, fail)?))
 }
 
 impl SafetensorsDir {
-    /// Opens `dir`, reading `config.json` and mapping every `*.safetensors` file.
+    /// Opens `dir`, reading `config.json` and every `*.safetensors` file.
     ///
     /// # Errors
     /// [`Error::Load`] for missing or corrupt files; [`Error::UnsupportedArchitecture`].
@@ -107,13 +136,13 @@ impl SafetensorsDir {
 
 impl TensorSource for SafetensorsDir {
     fn has(&self, name: &str) -> bool {
-        self.hf_name(name).is_some_and(|hf| self.tensors.get(&hf).is_ok())
+        self.hf_name(name).is_some_and(|hf| self.tensors.contains(&hf))
     }
 
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         let hf = self
             .hf_name(name)
-            .filter(|hf| self.tensors.get(hf).is_ok())
+            .filter(|hf| self.tensors.contains(hf))
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
         let mut t = self.tensors.load(&hf, device)?.to_dtype(DType::F32)?;
         // Gemma's RMSNorm scales by (1 + w); GGUF files and this crate's engines take the sum.

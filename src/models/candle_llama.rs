@@ -7,11 +7,12 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine, Tap, TreeShape};
+use crate::models::engine::{Backend, Engine, Tap};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
 use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
+use crate::tree::TreeShape;
 
 /// One transformer block's weights.
 #[derive(Debug)]

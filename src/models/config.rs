@@ -1,6 +1,6 @@
 //! The shape of a llama-family model, read from GGUF metadata or an HF `config.json`.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 
@@ -166,8 +166,9 @@ impl LlamaConfig {
     }
 }
 
-/// The fields of an HF `config.json` this crate reads.
-#[derive(Debug, Deserialize)]
+/// The fields of an HF `config.json` this crate reads (for the loaders).
+#[cfg(feature = "llama")]
+#[derive(Debug, serde::Deserialize)]
 pub(crate) struct HfConfig {
     #[serde(default)]
     model_type: Option<String>,
@@ -208,18 +209,22 @@ pub(crate) struct HfConfig {
     attn_logit_softcapping: Option<f64>,
 }
 
+#[cfg(feature = "llama")]
 fn default_theta() -> f32 {
     10_000.0
 }
 
+#[cfg(feature = "llama")]
 fn default_eps() -> f64 {
     1e-6
 }
 
+#[cfg(feature = "llama")]
 fn default_context() -> usize {
     2048
 }
 
+#[cfg(feature = "llama")]
 impl HfConfig {
     /// True when the output head is the embedding matrix (Gemma's default).
     pub(crate) fn tied(&self) -> bool {

@@ -11,14 +11,15 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
-use crate::heads::features::{interleave, Features};
 use crate::model::{BatchTarget, Logits, TargetModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Tap, TreeShape};
+use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Tap};
+use crate::models::features::{interleave, Features};
 use crate::models::format::WeightFormat;
 use crate::models::native::NativeWeights;
 use crate::models::tensors::TensorSource;
+use crate::tree::TreeShape;
 
 /// Everything read-only about a model, shareable between a target and a layer-skip draft.
 #[derive(Debug)]

@@ -11,6 +11,7 @@
 pub mod candle_llama;
 pub mod config;
 pub mod engine;
+pub mod features;
 pub mod format;
 pub mod kv_cache;
 pub mod linear;
@@ -19,6 +20,7 @@ pub mod native;
 pub mod tensors;
 
 pub use config::{Family, LlamaConfig};
-pub use engine::{Backend, BatchCall, Engine, Tap, TreeShape};
+pub use engine::{Backend, BatchCall, Engine, Tap};
+pub use features::Features;
 pub use format::WeightFormat;
 pub use llama::{Llama, LlamaWeights};

@@ -205,6 +205,7 @@ pub(crate) fn split_rows<const N: usize>(t: &QTensor, rows: [usize; N], device: 
 /// # Errors
 /// [`Error::Load`] when the rows do not split into those heads of an even width, or a 1-D
 /// tensor is quantized.
+#[cfg(feature = "llama")]
 pub(crate) fn to_interleaved(
     name: &str,
     t: QTensor,
@@ -235,6 +236,7 @@ pub(crate) fn to_interleaved(
 /// # Errors
 /// [`Error::Load`] when `hd` is odd or zero, `count` is not a whole number of heads or more
 /// than the rows, or a 1-D tensor is quantized.
+#[cfg(feature = "llama")]
 fn reorder_heads(t: &QTensor, hd: usize, count: usize, device: &Device) -> Result<QTensor> {
     let dims = t.shape().dims();
     let rows = dims.first().copied().unwrap_or(0);

@@ -22,8 +22,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::error::{Error, Result};
-use crate::heads::features::interleave;
 use crate::heads::target::TargetParts;
+use crate::models::features::interleave;
 use crate::models::{Llama, Tap};
 use crate::sampling::argmax;
 

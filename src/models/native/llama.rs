@@ -10,7 +10,7 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, BatchCall, Engine, Tap, TreeShape};
+use crate::models::engine::{Backend, BatchCall, Engine, Tap};
 use crate::models::format::WeightFormat;
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
@@ -18,6 +18,7 @@ use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
 use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
 use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
+use crate::tree::TreeShape;
 use candle_core::quantized::{GgmlDType, QTensor};
 
 /// Weight rows per chunk of a parallel product: a multiple of the kernels' 4-row tiles, small

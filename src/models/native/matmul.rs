@@ -191,17 +191,27 @@ mod x86 {
         group_rows: usize,
         f: impl Fn(*const f32, usize, *const f32, usize, *mut f32),
     ) {
-        let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
-        let mut j = cols.start;
-        while j < cols.end {
-            let rows = if j < full { TILE } else { 1 };
-            let mut r = 0;
-            while r < m {
-                let group = (m - r).min(group_rows);
-                f(x.as_ptr().add(r * k), group, w.data.as_ptr().add(j * w.stride), rows, out.as_ptr().add(r * n + j));
-                r += group;
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let (k, n, full) = (w.cols, w.rows, w.rows / TILE * TILE);
+            let mut j = cols.start;
+            while j < cols.end {
+                let rows = if j < full { TILE } else { 1 };
+                let mut r = 0;
+                while r < m {
+                    let group = (m - r).min(group_rows);
+                    f(
+                        x.as_ptr().add(r * k),
+                        group,
+                        w.data.as_ptr().add(j * w.stride),
+                        rows,
+                        out.as_ptr().add(r * n + j),
+                    );
+                    r += group;
+                }
+                j += rows;
             }
-            j += rows;
         }
     }
 
@@ -209,17 +219,21 @@ mod x86 {
     /// The CPU has AVX-512 F and FMA; otherwise as [`super::matmul`].
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn matmul_avx512(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
-        let (k, n) = (w.cols, w.rows);
-        drive(x, m, w, out, cols, ROWS, |xp, group, wp, rows, op| match (group, rows) {
-            (1, TILE) => tile512::<1, TILE>(xp, wp, k, op, n),
-            (2, TILE) => tile512::<2, TILE>(xp, wp, k, op, n),
-            (3, TILE) => tile512::<3, TILE>(xp, wp, k, op, n),
-            (4, TILE) => tile512::<4, TILE>(xp, wp, k, op, n),
-            (1, _) => tile512::<1, 1>(xp, wp, k, op, n),
-            (2, _) => tile512::<2, 1>(xp, wp, k, op, n),
-            (3, _) => tile512::<3, 1>(xp, wp, k, op, n),
-            _ => tile512::<4, 1>(xp, wp, k, op, n),
-        });
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let (k, n) = (w.cols, w.rows);
+            drive(x, m, w, out, cols, ROWS, |xp, group, wp, rows, op| match (group, rows) {
+                (1, TILE) => tile512::<1, TILE>(xp, wp, k, op, n),
+                (2, TILE) => tile512::<2, TILE>(xp, wp, k, op, n),
+                (3, TILE) => tile512::<3, TILE>(xp, wp, k, op, n),
+                (4, TILE) => tile512::<4, TILE>(xp, wp, k, op, n),
+                (1, _) => tile512::<1, 1>(xp, wp, k, op, n),
+                (2, _) => tile512::<2, 1>(xp, wp, k, op, n),
+                (3, _) => tile512::<3, 1>(xp, wp, k, op, n),
+                _ => tile512::<4, 1>(xp, wp, k, op, n),
+            });
+        }
     }
 
     /// `out[r·n + i] = x[r] · w_i` for r < M and the R rows of a packed tile at `w`.
@@ -230,32 +244,36 @@ mod x86 {
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
     unsafe fn tile512<const M: usize, const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
-        let mut acc = [[_mm512_setzero_ps(); R]; M];
-        let chunks = k.div_ceil(LANES);
-        for c in 0..chunks {
-            let base = w.add(c * R * LANES);
-            let mut wv = [_mm512_setzero_ps(); R];
-            for (i, v) in wv.iter_mut().enumerate() {
-                // Fetch the same lines two tiles ahead into L2, so that memory streams them
-                // while this tile is computed. Measured on SmolLM2 (2 threads, Zen 4): the
-                // hardware prefetcher alone serves one row at 15-17 ms per token but leaves
-                // five rows at 30 ms; one tile ahead into L1 costs the single row 2-3 ms (the
-                // L1 miss slots fill); two tiles ahead into L2 gives 16.5 ms and 24 ms.
-                _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(2 * chunks * R * LANES + i * LANES) as *const i8);
-                *v = _mm512_loadu_ps(base.add(i * LANES));
-            }
-            let left = k - c * LANES;
-            let mask: __mmask16 = if left >= LANES { 0xFFFF } else { ((1u32 << left) - 1) as u16 };
-            for (r, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_maskz_loadu_ps(mask, x.add(r * k + c * LANES));
-                for i in 0..R {
-                    a[i] = _mm512_fmadd_ps(xv, wv[i], a[i]);
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); R]; M];
+            let chunks = k.div_ceil(LANES);
+            for c in 0..chunks {
+                let base = w.add(c * R * LANES);
+                let mut wv = [_mm512_setzero_ps(); R];
+                for (i, v) in wv.iter_mut().enumerate() {
+                    // Fetch the same lines two tiles ahead into L2, so that memory streams them
+                    // while this tile is computed. Measured on SmolLM2 (2 threads, Zen 4): the
+                    // hardware prefetcher alone serves one row at 15-17 ms per token but leaves
+                    // five rows at 30 ms; one tile ahead into L1 costs the single row 2-3 ms (the
+                    // L1 miss slots fill); two tiles ahead into L2 gives 16.5 ms and 24 ms.
+                    _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(2 * chunks * R * LANES + i * LANES) as *const i8);
+                    *v = _mm512_loadu_ps(base.add(i * LANES));
+                }
+                let left = k - c * LANES;
+                let mask: __mmask16 = if left >= LANES { 0xFFFF } else { ((1u32 << left) - 1) as u16 };
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_maskz_loadu_ps(mask, x.add(r * k + c * LANES));
+                    for i in 0..R {
+                        a[i] = _mm512_fmadd_ps(xv, wv[i], a[i]);
+                    }
                 }
             }
-        }
-        for r in 0..M {
-            for i in 0..R {
-                *out.add(r * n + i) = _mm512_reduce_add_ps(acc[r][i]);
+            for r in 0..M {
+                for i in 0..R {
+                    *out.add(r * n + i) = _mm512_reduce_add_ps(acc[r][i]);
+                }
             }
         }
     }
@@ -268,15 +286,19 @@ mod x86 {
     /// The CPU has AVX2 and FMA; otherwise as [`super::matmul`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn matmul_avx2(x: &[f32], m: usize, w: &Packed, out: OutPtr, cols: Range<usize>) {
-        let (k, n) = (w.cols, w.rows);
-        drive(x, m, w, out, cols, ROWS_256, |xp, group, wp, rows, op| match (group, rows) {
-            (1, TILE) => tile256::<1, TILE>(xp, wp, k, op, n),
-            (2, TILE) => tile256::<2, TILE>(xp, wp, k, op, n),
-            (_, TILE) => tile256::<3, TILE>(xp, wp, k, op, n),
-            (1, _) => tile256::<1, 1>(xp, wp, k, op, n),
-            (2, _) => tile256::<2, 1>(xp, wp, k, op, n),
-            _ => tile256::<3, 1>(xp, wp, k, op, n),
-        });
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let (k, n) = (w.cols, w.rows);
+            drive(x, m, w, out, cols, ROWS_256, |xp, group, wp, rows, op| match (group, rows) {
+                (1, TILE) => tile256::<1, TILE>(xp, wp, k, op, n),
+                (2, TILE) => tile256::<2, TILE>(xp, wp, k, op, n),
+                (_, TILE) => tile256::<3, TILE>(xp, wp, k, op, n),
+                (1, _) => tile256::<1, 1>(xp, wp, k, op, n),
+                (2, _) => tile256::<2, 1>(xp, wp, k, op, n),
+                _ => tile256::<3, 1>(xp, wp, k, op, n),
+            });
+        }
     }
 
     /// As `tile512`, eight lanes at a time over the 16-value slices, scalar tail.
@@ -286,35 +308,39 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn tile256<const M: usize, const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
-        let mut acc = [[_mm256_setzero_ps(); R]; M];
-        let full = k / LANES;
-        for c in 0..full {
-            let base = w.add(c * R * LANES);
-            for i in 0..R {
-                // Two tiles ahead into L2, as in `tile512` (this kernel reads the rows at the
-                // same speed, so the same distance serves).
-                _mm_prefetch::<_MM_HINT_T1>(
-                    base.wrapping_add(2 * k.div_ceil(LANES) * R * LANES + i * LANES) as *const i8
-                );
-            }
-            for half in 0..2 {
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); R]; M];
+            let full = k / LANES;
+            for c in 0..full {
+                let base = w.add(c * R * LANES);
                 for i in 0..R {
-                    let wv = _mm256_loadu_ps(base.add(i * LANES + half * 8));
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(r * k + c * LANES + half * 8)), wv, a[i]);
+                    // Two tiles ahead into L2, as in `tile512` (this kernel reads the rows at the
+                    // same speed, so the same distance serves).
+                    _mm_prefetch::<_MM_HINT_T1>(
+                        base.wrapping_add(2 * k.div_ceil(LANES) * R * LANES + i * LANES) as *const i8
+                    );
+                }
+                for half in 0..2 {
+                    for i in 0..R {
+                        let wv = _mm256_loadu_ps(base.add(i * LANES + half * 8));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(r * k + c * LANES + half * 8)), wv, a[i]);
+                        }
                     }
                 }
             }
-        }
-        for r in 0..M {
-            for i in 0..R {
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][i]);
-                let mut s: f32 = lanes.iter().sum();
-                for t in full * LANES..k {
-                    s += *x.add(r * k + t) * *w.add(full * R * LANES + i * LANES + (t - full * LANES));
+            for r in 0..M {
+                for i in 0..R {
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][i]);
+                    let mut s: f32 = lanes.iter().sum();
+                    for t in full * LANES..k {
+                        s += *x.add(r * k + t) * *w.add(full * R * LANES + i * LANES + (t - full * LANES));
+                    }
+                    *out.add(r * n + i) = s;
                 }
-                *out.add(r * n + i) = s;
             }
         }
     }
@@ -342,7 +368,9 @@ mod tests {
         // SAFETY (all of these): the CPU has the features, and the tests call each kernel on
         // one thread at a time with fitting sizes.
         let mut ks: Vec<(&'static str, Kernel)> = vec![
+            // SAFETY: one thread at a time, with fitting sizes.
             ("portable", |x, m, w, o, c| unsafe { matmul_portable(x, m, w, o, c) }),
+            // SAFETY: one thread at a time, with fitting sizes.
             ("dispatch", |x, m, w, o, c| unsafe { matmul(x, m, w, o, c) }),
         ];
         #[cfg(target_arch = "x86_64")]

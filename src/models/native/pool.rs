@@ -108,7 +108,7 @@ impl Team {
         }
         let _turn = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY (lifetime erasure): the job is closed and every worker has left it before this
+        // SAFETY: (lifetime erasure) the job is closed and every worker has left it before this
         // function returns, so the pointer never outlives `job`.
         let erased: *const Job = unsafe { std::mem::transmute::<&(dyn Fn(Range<usize>) + Sync), &'static Job>(job) };
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(erased));

@@ -39,11 +39,15 @@ const AHEAD: usize = 8;
 /// The CPU has AVX2, FMA and F16C, and the sizes were checked as in [`super::qmatmul`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    match w.bits {
-        Bits::Four => drive::<false, 4>(a, w, out, cols),
-        Bits::Five => drive::<false, 5>(a, w, out, cols),
-        Bits::Six => drive::<false, 6>(a, w, out, cols),
-        Bits::Eight => drive::<false, 8>(a, w, out, cols),
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        match w.bits {
+            Bits::Four => drive::<false, 4>(a, w, out, cols),
+            Bits::Five => drive::<false, 5>(a, w, out, cols),
+            Bits::Six => drive::<false, 6>(a, w, out, cols),
+            Bits::Eight => drive::<false, 8>(a, w, out, cols),
+        }
     }
 }
 
@@ -54,11 +58,15 @@ pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 /// [`super::qmatmul`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    match w.bits {
-        Bits::Four => drive::<true, 4>(a, w, out, cols),
-        Bits::Five => drive::<true, 5>(a, w, out, cols),
-        Bits::Six => drive::<true, 6>(a, w, out, cols),
-        Bits::Eight => drive::<true, 8>(a, w, out, cols),
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        match w.bits {
+            Bits::Four => drive::<true, 4>(a, w, out, cols),
+            Bits::Five => drive::<true, 5>(a, w, out, cols),
+            Bits::Six => drive::<true, 6>(a, w, out, cols),
+            Bits::Eight => drive::<true, 8>(a, w, out, cols),
+        }
     }
 }
 
@@ -69,25 +77,29 @@ pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
 /// `BITS` bits, and `cols` of `out` owned by the caller.
 #[inline(always)]
 unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    // The activation rows in passes of even sizes (see the AVX-512 kernel).
-    let passes = a.rows.div_ceil(ROWS);
-    let mut c = cols.start;
-    while c < cols.end {
-        let tile = if cols.end - c >= TILE { TILE } else { 1 };
-        let mut r = 0;
-        for p in 0..passes {
-            let g = (a.rows - r).div_ceil(passes - p);
-            match (g, tile) {
-                (1, TILE) => tile_256::<1, TILE, VNNI, BITS>(a, w, r, c, &out),
-                (2, TILE) => tile_256::<2, TILE, VNNI, BITS>(a, w, r, c, &out),
-                (_, TILE) => tile_256::<3, TILE, VNNI, BITS>(a, w, r, c, &out),
-                (1, _) => tile_256::<1, 1, VNNI, BITS>(a, w, r, c, &out),
-                (2, _) => tile_256::<2, 1, VNNI, BITS>(a, w, r, c, &out),
-                _ => tile_256::<3, 1, VNNI, BITS>(a, w, r, c, &out),
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // The activation rows in passes of even sizes (see the AVX-512 kernel).
+        let passes = a.rows.div_ceil(ROWS);
+        let mut c = cols.start;
+        while c < cols.end {
+            let tile = if cols.end - c >= TILE { TILE } else { 1 };
+            let mut r = 0;
+            for p in 0..passes {
+                let g = (a.rows - r).div_ceil(passes - p);
+                match (g, tile) {
+                    (1, TILE) => tile_256::<1, TILE, VNNI, BITS>(a, w, r, c, &out),
+                    (2, TILE) => tile_256::<2, TILE, VNNI, BITS>(a, w, r, c, &out),
+                    (_, TILE) => tile_256::<3, TILE, VNNI, BITS>(a, w, r, c, &out),
+                    (1, _) => tile_256::<1, 1, VNNI, BITS>(a, w, r, c, &out),
+                    (2, _) => tile_256::<2, 1, VNNI, BITS>(a, w, r, c, &out),
+                    _ => tile_256::<3, 1, VNNI, BITS>(a, w, r, c, &out),
+                }
+                r += g;
             }
-            r += g;
+            c += tile;
         }
-        c += tile;
     }
 }
 
@@ -103,26 +115,30 @@ unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool, const BITS:
     c0: usize,
     out: &OutPtr,
 ) {
-    let chunks = w.padded / CHUNK;
-    let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
-    let mut acc = [[_mm256_setzero_ps(); M]; R];
-    let full = chunks / GROUP;
-    for g in 0..full {
-        group::<M, R, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
-    }
-    let at = full * GROUP;
-    match chunks - at {
-        0 => {}
-        1 => group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
-        2 => group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
-        _ => {
-            group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
-            group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let chunks = w.padded / CHUNK;
+        let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let full = chunks / GROUP;
+        for g in 0..full {
+            group::<M, R, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
         }
-    }
-    for (i, acc_i) in acc.iter().enumerate() {
-        for (r, v) in acc_i.iter().enumerate() {
-            out.write((r0 + r) * w.rows + c0 + i, hsum(*v));
+        let at = full * GROUP;
+        match chunks - at {
+            0 => {}
+            1 => group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
+            2 => group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
+            _ => {
+                group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
+                group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+            }
+        }
+        for (i, acc_i) in acc.iter().enumerate() {
+            for (r, v) in acc_i.iter().enumerate() {
+                out.write((r0 + r) * w.rows + c0 + i, hsum(*v));
+            }
         }
     }
 }
@@ -142,26 +158,30 @@ unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8
     start: usize,
     g: usize,
 ) {
-    for (i, acc_i) in acc.iter_mut().enumerate() {
-        let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
-        let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
-        for line in 0..bytes.div_ceil(CHUNK) {
-            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
-        }
-        for h in 0..2 {
-            let q = codes::<VNNI, BITS, C>(w, i, start, h);
-            let (scale, mut offset) = scales::<C>(w, i, start, h);
-            if BITS == 8 && !VNNI {
-                // Signed codes `q − 128`: the 128 comes back here.
-                offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), offset);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
+            let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
+            for line in 0..bytes.div_ceil(CHUNK) {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
             }
-            for (r, a) in acc_i.iter_mut().enumerate() {
-                let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
-                let dot = dot::<VNNI, BITS, C>(&q, xq);
-                let lane = (r * x.groups + g) * 16 + 8 * h;
-                let (dx, sx) = (_mm256_loadu_ps(x.dx.add(lane)), _mm256_loadu_ps(x.sx.add(lane)));
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
-                *a = _mm256_fmadd_ps(offset, sx, *a);
+            for h in 0..2 {
+                let q = codes::<VNNI, BITS, C>(w, i, start, h);
+                let (scale, mut offset) = scales::<C>(w, i, start, h);
+                if BITS == 8 && !VNNI {
+                    // Signed codes `q − 128`: the 128 comes back here.
+                    offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), offset);
+                }
+                for (r, a) in acc_i.iter_mut().enumerate() {
+                    let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
+                    let dot = dot::<VNNI, BITS, C>(&q, xq);
+                    let lane = (r * x.groups + g) * 16 + 8 * h;
+                    let (dx, sx) = (_mm256_loadu_ps(x.dx.add(lane)), _mm256_loadu_ps(x.sx.add(lane)));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
+                    *a = _mm256_fmadd_ps(offset, sx, *a);
+                }
             }
         }
     }
@@ -180,38 +200,42 @@ unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
     start: usize,
     h: usize,
 ) -> [__m256i; C] {
-    let low = _mm256_set1_epi8(0x0F);
-    let mut out = [_mm256_setzero_si256(); C];
-    if BITS == 8 {
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = _mm256_loadu_si256(w.qs.add(i * w.row_bytes + (start + c) * CHUNK + 32 * h) as *const __m256i);
-            if !VNNI {
-                *o = _mm256_xor_si256(*o, _mm256_set1_epi8(-128));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let mut out = [_mm256_setzero_si256(); C];
+        if BITS == 8 {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = _mm256_loadu_si256(w.qs.add(i * w.row_bytes + (start + c) * CHUNK + 32 * h) as *const __m256i);
+                if !VNNI {
+                    *o = _mm256_xor_si256(*o, _mm256_set1_epi8(-128));
+                }
+            }
+            return out;
+        }
+        let at = w.qs.add(i * w.row_bytes + start * 32);
+        if C == 1 {
+            // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
+            let v = _mm256_loadu_si256(at as *const __m256i);
+            out[0] = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low);
+        } else {
+            // Byte j of a chunk pair holds position j of its first chunk (low nibble) and of its
+            // second (high); half h is bytes 32h.. of the pair.
+            for pair in 0..C / 2 {
+                let v = _mm256_loadu_si256(at.add(pair * CHUNK + 32 * h) as *const __m256i);
+                out[2 * pair] = _mm256_and_si256(v, low);
+                out[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
         }
-        return out;
-    }
-    let at = w.qs.add(i * w.row_bytes + start * 32);
-    if C == 1 {
-        // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
-        let v = _mm256_loadu_si256(at as *const __m256i);
-        out[0] = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low);
-    } else {
-        // Byte j of a chunk pair holds position j of its first chunk (low nibble) and of its
-        // second (high); half h is bytes 32h.. of the pair.
-        for pair in 0..C / 2 {
-            let v = _mm256_loadu_si256(at.add(pair * CHUNK + 32 * h) as *const __m256i);
-            out[2 * pair] = _mm256_and_si256(v, low);
-            out[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if BITS != 4 {
+            let hb = if BITS == 5 { 1 } else { 2 };
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = _mm256_or_si256(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb, h));
+            }
         }
+        out
     }
-    if BITS != 4 {
-        let hb = if BITS == 5 { 1 } else { 2 };
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = _mm256_or_si256(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb, h));
-        }
-    }
-    out
 }
 
 /// Σ codes · activations over a half-group, per i32 lane (see the module docs for the i16
@@ -222,37 +246,41 @@ unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
 /// row.
 #[inline(always)]
 unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C], xq: *const i8) -> __m256i {
-    let x = |c: usize| _mm256_loadu_si256(xq.add(c * CHUNK) as *const __m256i);
-    let ones = _mm256_set1_epi16(1);
-    if VNNI {
-        let mut dot = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q[0], x(0));
-        for c in 1..C {
-            dot = _mm256_dpbusd_avx_epi32(dot, q[c], x(c));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let x = |c: usize| _mm256_loadu_si256(xq.add(c * CHUNK) as *const __m256i);
+        let ones = _mm256_set1_epi16(1);
+        if VNNI {
+            let mut dot = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q[0], x(0));
+            for c in 1..C {
+                dot = _mm256_dpbusd_avx_epi32(dot, q[c], x(c));
+            }
+            return dot;
         }
-        return dot;
-    }
-    if BITS == 8 {
+        if BITS == 8 {
+            let mut dot = _mm256_setzero_si256();
+            for c in 0..C {
+                let xc = x(c);
+                let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xc), _mm256_sign_epi8(q[c], xc));
+                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+            }
+            return dot;
+        }
+        // Chunks whose i16 sums cannot saturate: all of them for ≤ 5 bits, two for 6.
+        let run = if BITS == 6 { 2 } else { 4 };
         let mut dot = _mm256_setzero_si256();
-        for c in 0..C {
-            let xc = x(c);
-            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xc), _mm256_sign_epi8(q[c], xc));
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+        let mut c = 0;
+        while c < C {
+            let mut sum = _mm256_maddubs_epi16(q[c], x(c));
+            for j in c + 1..(c + run).min(C) {
+                sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[j], x(j)));
+            }
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum, ones));
+            c += run;
         }
-        return dot;
+        dot
     }
-    // Chunks whose i16 sums cannot saturate: all of them for ≤ 5 bits, two for 6.
-    let run = if BITS == 6 { 2 } else { 4 };
-    let mut dot = _mm256_setzero_si256();
-    let mut c = 0;
-    while c < C {
-        let mut sum = _mm256_maddubs_epi16(q[c], x(c));
-        for j in c + 1..(c + run).min(C) {
-            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[j], x(j)));
-        }
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum, ones));
-        c += run;
-    }
-    dot
 }
 
 /// The scales and offsets of weight row `i` on lanes `8h..8h + 8` of the group of `C` chunks
@@ -263,38 +291,43 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
 /// whole groups).
 #[inline(always)]
 unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize, h: usize) -> (__m256, __m256) {
-    let (per_d, per_m, per_sub) = w.per_row;
-    match w.scales {
-        Scales::Block { implied } => {
-            let d = per_block::<C>(w.d.add(i * per_d + start * 2), h);
-            let m = match implied {
-                Some(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
-                None => per_block::<C>(w.m.add(i * per_m + start * 2), h),
-            };
-            (d, m)
-        }
-        Scales::Super => {
-            // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; this half's
-            // lanes are bytes 8h.. of those.
-            let g = start / GROUP;
-            let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-            let (mut sc, mut mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
-            if h == 1 {
-                (sc, mn) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let (per_d, per_m, per_sub) = w.per_row;
+        match w.scales {
+            Scales::Block { implied } => {
+                let d = per_block::<C>(w.d.add(i * per_d + start * 2), h);
+                let m = match implied {
+                    Some(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
+                    None => per_block::<C>(w.m.add(i * per_m + start * 2), h),
+                };
+                (d, m)
             }
-            let (sc, mn) = (_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
-            let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
-            (_mm256_mul_ps(d, sc), _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), mn))
-        }
-        Scales::Six => {
-            // One i8 scale a lane.
-            let g = start / GROUP;
-            let mut bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-            if h == 1 {
-                bytes = _mm_srli_si128::<8>(bytes);
+            Scales::Super => {
+                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; this half's
+                // lanes are bytes 8h.. of those.
+                let g = start / GROUP;
+                let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+                let (mut sc, mut mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
+                if h == 1 {
+                    (sc, mn) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
+                }
+                let (sc, mn) =
+                    (_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+                let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
+                (_mm256_mul_ps(d, sc), _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), mn))
             }
-            let d = _mm256_mul_ps(splat(*w.d.add(i * per_d + g)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
-            (d, _mm256_mul_ps(d, _mm256_set1_ps(-32.0)))
+            Scales::Six => {
+                // One i8 scale a lane.
+                let g = start / GROUP;
+                let mut bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+                if h == 1 {
+                    bytes = _mm_srli_si128::<8>(bytes);
+                }
+                let d = _mm256_mul_ps(splat(*w.d.add(i * per_d + g)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+                (d, _mm256_mul_ps(d, _mm256_set1_ps(-32.0)))
+            }
         }
     }
 }
@@ -305,7 +338,9 @@ unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize, h: usize) -
 /// F16C.
 #[inline(always)]
 unsafe fn splat(bits: u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe { _mm256_cvtph_ps(_mm_set1_epi16(bits as i16)) }
 }
 
 /// Per-32 f16 values from `p` on lanes `8h..8h + 8` of a group of `C` chunks: lane l of the
@@ -315,16 +350,20 @@ unsafe fn splat(bits: u16) -> __m256 {
 /// AVX2 and F16C; `p` points at 2·C readable values.
 #[inline(always)]
 unsafe fn per_block<const C: usize>(p: *const u16, h: usize) -> __m256 {
-    match C {
-        4 => {
-            let four = _mm256_cvtph_ps(_mm_loadl_epi64(p.add(4 * h) as *const __m128i));
-            _mm256_permutevar8x32_ps(four, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        match C {
+            4 => {
+                let four = _mm256_cvtph_ps(_mm_loadl_epi64(p.add(4 * h) as *const __m128i));
+                _mm256_permutevar8x32_ps(four, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))
+            }
+            2 => {
+                let two = _mm256_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p.add(2 * h) as *const i32)));
+                _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
+            }
+            _ => splat(*p.add(h)),
         }
-        2 => {
-            let two = _mm256_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p.add(2 * h) as *const i32)));
-            _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
-        }
-        _ => splat(*p.add(h)),
     }
 }
 
@@ -335,16 +374,20 @@ unsafe fn per_block<const C: usize>(p: *const u16, h: usize) -> __m256 {
 /// AVX2; `p` points at `8·hb` readable bytes; `hb` is 1 or 2.
 #[inline(always)]
 unsafe fn high_bits(p: *const u8, hb: usize, h: usize) -> __m256i {
-    // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k.
-    let k = 4 * h as i64;
-    let (copies, shifts, mask) = if hb == 1 {
-        let v = _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64));
-        (v, _mm256_setr_epi64x(k, k + 1, k + 2, k + 3), 1)
-    } else {
-        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
-        (v, _mm256_setr_epi64x(k, k, k + 2, k + 2), 3)
-    };
-    _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(copies, shifts), _mm256_set1_epi8(mask)), 4)
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k.
+        let k = 4 * h as i64;
+        let (copies, shifts, mask) = if hb == 1 {
+            let v = _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64));
+            (v, _mm256_setr_epi64x(k, k + 1, k + 2, k + 3), 1)
+        } else {
+            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+            (v, _mm256_setr_epi64x(k, k, k + 2, k + 2), 3)
+        };
+        _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(copies, shifts), _mm256_set1_epi8(mask)), 4)
+    }
 }
 
 /// The sum of the 8 lanes.
@@ -353,7 +396,11 @@ unsafe fn high_bits(p: *const u8, hb: usize, h: usize) -> __m256i {
 /// AVX.
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    }
 }

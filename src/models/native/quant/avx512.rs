@@ -25,12 +25,16 @@ const AHEAD: usize = 8;
 /// [`super::qmatmul`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    // One compiled kernel per code width, so that no test on it is left inside the loops.
-    match w.bits {
-        Bits::Four => tiles::<4>(a, w, out, cols),
-        Bits::Five => tiles::<5>(a, w, out, cols),
-        Bits::Six => tiles::<6>(a, w, out, cols),
-        Bits::Eight => tiles::<8>(a, w, out, cols),
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // One compiled kernel per code width, so that no test on it is left inside the loops.
+        match w.bits {
+            Bits::Four => tiles::<4>(a, w, out, cols),
+            Bits::Five => tiles::<5>(a, w, out, cols),
+            Bits::Six => tiles::<6>(a, w, out, cols),
+            Bits::Eight => tiles::<8>(a, w, out, cols),
+        }
     }
 }
 
@@ -40,32 +44,36 @@ pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 /// As [`qmatmul_vnni`], with `w.bits` of `BITS` bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    // The activation rows in as few passes as the registers allow, of even sizes (5 rows as
-    // 3 + 2, not 4 + 1: a pass of one row pays the unpacking for little work).
-    let passes = a.rows.div_ceil(ROWS);
-    let mut c = cols.start;
-    while c < cols.end {
-        let tile = if cols.end - c >= TILE { TILE } else { 1 };
-        let mut r = 0;
-        for p in 0..passes {
-            let g = (a.rows - r).div_ceil(passes - p);
-            match (g, tile) {
-                (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
-                (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
-                (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
-                (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
-                (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, r, c, out),
-                (_, TILE) => tile_vnni::<ROWS, TILE, BITS>(a, w, r, c, out),
-                (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
-                (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
-                (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
-                (4, _) => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
-                (5, _) => tile_vnni::<5, 1, BITS>(a, w, r, c, out),
-                _ => tile_vnni::<ROWS, 1, BITS>(a, w, r, c, out),
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // The activation rows in as few passes as the registers allow, of even sizes (5 rows as
+        // 3 + 2, not 4 + 1: a pass of one row pays the unpacking for little work).
+        let passes = a.rows.div_ceil(ROWS);
+        let mut c = cols.start;
+        while c < cols.end {
+            let tile = if cols.end - c >= TILE { TILE } else { 1 };
+            let mut r = 0;
+            for p in 0..passes {
+                let g = (a.rows - r).div_ceil(passes - p);
+                match (g, tile) {
+                    (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
+                    (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
+                    (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
+                    (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
+                    (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, r, c, out),
+                    (_, TILE) => tile_vnni::<ROWS, TILE, BITS>(a, w, r, c, out),
+                    (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
+                    (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
+                    (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
+                    (4, _) => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
+                    (5, _) => tile_vnni::<5, 1, BITS>(a, w, r, c, out),
+                    _ => tile_vnni::<ROWS, 1, BITS>(a, w, r, c, out),
+                }
+                r += g;
             }
-            r += g;
+            c += tile;
         }
-        c += tile;
     }
 }
 
@@ -76,16 +84,20 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
 /// AVX-512 F and BW; `p` points at `8·hb` readable bytes; `hb` is 1 or 2.
 #[inline(always)]
 unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
-    // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k: shift each
-    // copy down by that much and keep the low hb bits of every byte.
-    let (copies, shifts, mask) = if hb == 1 {
-        (_mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), 1)
-    } else {
-        let v = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
-        (v, _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6), 3)
-    };
-    let bits = _mm512_and_si512(_mm512_srlv_epi64(copies, shifts), _mm512_set1_epi8(mask));
-    _mm512_slli_epi16(bits, 4)
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k: shift each
+        // copy down by that much and keep the low hb bits of every byte.
+        let (copies, shifts, mask) = if hb == 1 {
+            (_mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), 1)
+        } else {
+            let v = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+            (v, _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6), 3)
+        };
+        let bits = _mm512_and_si512(_mm512_srlv_epi64(copies, shifts), _mm512_set1_epi8(mask));
+        _mm512_slli_epi16(bits, 4)
+    }
 }
 
 /// The codes of the `C` chunks from `start` of weight row `i`, in lane order.
@@ -95,37 +107,41 @@ unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
 /// last chunk of nibbles).
 #[inline(always)]
 unsafe fn codes<const BITS: u8, const C: usize>(w: Weights, i: usize, start: usize) -> [__m512i; C] {
-    let low = _mm512_set1_epi8(0x0F);
-    let mut out = [_mm512_setzero_si512(); C];
-    if BITS == 8 {
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = _mm512_loadu_si512(w.qs.add(i * w.row_bytes + (start + c) * CHUNK) as *const _);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let low = _mm512_set1_epi8(0x0F);
+        let mut out = [_mm512_setzero_si512(); C];
+        if BITS == 8 {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = _mm512_loadu_si512(w.qs.add(i * w.row_bytes + (start + c) * CHUNK) as *const _);
+            }
+            return out;
         }
-        return out;
-    }
-    let at = w.qs.add(i * w.row_bytes + start * 32);
-    if C == 1 {
-        // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
-        let v = _mm256_loadu_si256(at as *const __m256i);
-        let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
-        out[0] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    } else {
-        // Byte j of a chunk pair holds position j of its first chunk (low nibble) and of its
-        // second (high).
-        for pair in 0..C / 2 {
-            let v = _mm512_loadu_si512(at.add(pair * CHUNK) as *const _);
-            out[2 * pair] = _mm512_and_si512(v, low);
-            out[2 * pair + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        let at = w.qs.add(i * w.row_bytes + start * 32);
+        if C == 1 {
+            // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
+            let v = _mm256_loadu_si256(at as *const __m256i);
+            let lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+            out[0] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        } else {
+            // Byte j of a chunk pair holds position j of its first chunk (low nibble) and of its
+            // second (high).
+            for pair in 0..C / 2 {
+                let v = _mm512_loadu_si512(at.add(pair * CHUNK) as *const _);
+                out[2 * pair] = _mm512_and_si512(v, low);
+                out[2 * pair + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
         }
-    }
-    if BITS != 4 {
-        let hb = if BITS == 5 { 1 } else { 2 };
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = _mm512_or_si512(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb));
+        if BITS != 4 {
+            let hb = if BITS == 5 { 1 } else { 2 };
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = _mm512_or_si512(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb));
+            }
         }
+        out
     }
-    out
 }
 
 /// The scales and offsets of weight row `i` over the group of `C` chunks from `start`, one
@@ -136,37 +152,41 @@ unsafe fn codes<const BITS: u8, const C: usize>(w: Weights, i: usize, start: usi
 /// groups).
 #[inline(always)]
 unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize) -> (__m512, __m512) {
-    let (per_d, per_m, per_sub) = w.per_row;
-    match w.scales {
-        Scales::Block { implied } => {
-            let d = per_block::<C>(w.d.add(i * per_d + start * 2));
-            let m = match implied {
-                Some(k) => _mm512_mul_ps(d, _mm512_set1_ps(k)),
-                None => per_block::<C>(w.m.add(i * per_m + start * 2)),
-            };
-            (d, m)
-        }
-        Scales::Super => {
-            // The 8 `sc` then the 8 `mn` as 16 floats; lanes 2j, 2j + 1 hold block j.
-            let g = start / GROUP;
-            let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-            let both = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-            let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-            let (sc, mn) = (
-                _mm512_permutexvar_ps(lanes, both),
-                _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8)), both),
-            );
-            let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
-            (_mm512_mul_ps(d, sc), _mm512_fnmadd_ps(dmin, mn, _mm512_setzero_ps()))
-        }
-        Scales::Six => {
-            // One i8 scale a lane.
-            let g = start / GROUP;
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                w.sub.add(i * per_sub + 16 * g) as *const __m128i
-            )));
-            let d = _mm512_mul_ps(splat(*w.d.add(i * per_d + g)), sc);
-            (d, _mm512_mul_ps(d, _mm512_set1_ps(-32.0)))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let (per_d, per_m, per_sub) = w.per_row;
+        match w.scales {
+            Scales::Block { implied } => {
+                let d = per_block::<C>(w.d.add(i * per_d + start * 2));
+                let m = match implied {
+                    Some(k) => _mm512_mul_ps(d, _mm512_set1_ps(k)),
+                    None => per_block::<C>(w.m.add(i * per_m + start * 2)),
+                };
+                (d, m)
+            }
+            Scales::Super => {
+                // The 8 `sc` then the 8 `mn` as 16 floats; lanes 2j, 2j + 1 hold block j.
+                let g = start / GROUP;
+                let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+                let both = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+                let (sc, mn) = (
+                    _mm512_permutexvar_ps(lanes, both),
+                    _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8)), both),
+                );
+                let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
+                (_mm512_mul_ps(d, sc), _mm512_fnmadd_ps(dmin, mn, _mm512_setzero_ps()))
+            }
+            Scales::Six => {
+                // One i8 scale a lane.
+                let g = start / GROUP;
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    w.sub.add(i * per_sub + 16 * g) as *const __m128i
+                )));
+                let d = _mm512_mul_ps(splat(*w.d.add(i * per_d + g)), sc);
+                (d, _mm512_mul_ps(d, _mm512_set1_ps(-32.0)))
+            }
         }
     }
 }
@@ -177,7 +197,9 @@ unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize) -> (__m512,
 /// AVX-512 F.
 #[inline(always)]
 unsafe fn splat(bits: u16) -> __m512 {
-    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16)) }
 }
 
 /// Per-32 f16 values from `p` over a group of `C` chunks, one per lane: block j of the group's
@@ -187,15 +209,25 @@ unsafe fn splat(bits: u16) -> __m512 {
 /// AVX-512 F; `p` points at 2·C readable values.
 #[inline(always)]
 unsafe fn per_block<const C: usize>(p: *const u16) -> __m512 {
-    let (halves, lane_block) = match C {
-        4 => (_mm_loadu_si128(p as *const __m128i), _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)),
-        2 => (_mm_loadl_epi64(p as *const __m128i), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
-        _ => (
-            _mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)),
-            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-        ),
-    };
-    _mm512_permutexvar_ps(lane_block, _mm512_cvtph_ps(_mm256_castsi128_si256(halves)))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let (halves, lane_block) = match C {
+            4 => (
+                _mm_loadu_si128(p as *const __m128i),
+                _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+            ),
+            2 => (
+                _mm_loadl_epi64(p as *const __m128i),
+                _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+            ),
+            _ => (
+                _mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)),
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            ),
+        };
+        _mm512_permutexvar_ps(lane_block, _mm512_cvtph_ps(_mm256_castsi128_si256(halves)))
+    }
 }
 
 /// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
@@ -213,39 +245,43 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     start: usize,
     g: usize,
 ) {
-    // The rows are short streams the prefetcher misses: fetch the same bytes `AHEAD` rows on
-    // into L2. (Into L1 measured no better; prefetching the high bits and scales too, no
-    // better either.)
-    let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
-    for i in 0..R {
-        let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
-        for line in 0..bytes.div_ceil(CHUNK) {
-            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
-        }
-    }
-    // (Loops, not `array::from_fn`: a closure would not inherit the target features, and its
-    // intrinsics would become calls.)
-    let mut q = [[_mm512_setzero_si512(); C]; R];
-    let (mut scale, mut offset) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
-    for i in 0..R {
-        q[i] = codes::<BITS, C>(w, i, start);
-        (scale[i], offset[i]) = scales::<C>(w, i, start);
-    }
-    for r in 0..M {
-        let xq = x.xq.add(r * x.padded + start * CHUNK);
-        let mut xs = [_mm512_setzero_si512(); C];
-        for c in 0..C {
-            xs[c] = _mm512_loadu_si512(xq.add(c * CHUNK) as *const _);
-        }
-        let lane = (r * x.groups + g) * 16;
-        let (dx, sx) = (_mm512_loadu_ps(x.dx.add(lane)), _mm512_loadu_ps(x.sx.add(lane)));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // The rows are short streams the prefetcher misses: fetch the same bytes `AHEAD` rows on
+        // into L2. (Into L1 measured no better; prefetching the high bits and scales too, no
+        // better either.)
+        let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
         for i in 0..R {
-            let mut dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], xs[0]);
-            for c in 1..C {
-                dot = _mm512_dpbusd_epi32(dot, q[i][c], xs[c]);
+            let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
+            for line in 0..bytes.div_ceil(CHUNK) {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
             }
-            acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], dx), acc[r][i]);
-            acc[r][i] = _mm512_fmadd_ps(offset[i], sx, acc[r][i]);
+        }
+        // (Loops, not `array::from_fn`: a closure would not inherit the target features, and its
+        // intrinsics would become calls.)
+        let mut q = [[_mm512_setzero_si512(); C]; R];
+        let (mut scale, mut offset) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        for i in 0..R {
+            q[i] = codes::<BITS, C>(w, i, start);
+            (scale[i], offset[i]) = scales::<C>(w, i, start);
+        }
+        for r in 0..M {
+            let xq = x.xq.add(r * x.padded + start * CHUNK);
+            let mut xs = [_mm512_setzero_si512(); C];
+            for c in 0..C {
+                xs[c] = _mm512_loadu_si512(xq.add(c * CHUNK) as *const _);
+            }
+            let lane = (r * x.groups + g) * 16;
+            let (dx, sx) = (_mm512_loadu_ps(x.dx.add(lane)), _mm512_loadu_ps(x.sx.add(lane)));
+            for i in 0..R {
+                let mut dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], xs[0]);
+                for c in 1..C {
+                    dot = _mm512_dpbusd_epi32(dot, q[i][c], xs[c]);
+                }
+                acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], dx), acc[r][i]);
+                acc[r][i] = _mm512_fmadd_ps(offset[i], sx, acc[r][i]);
+            }
         }
     }
 }
@@ -263,31 +299,35 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
     c0: usize,
     out: OutPtr,
 ) {
-    let chunks = w.padded / CHUNK;
-    let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
-    let mut acc = [[_mm512_setzero_ps(); R]; M];
-    let full = chunks / GROUP;
-    for g in 0..full {
-        group::<M, R, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
-    }
-    let at = full * GROUP;
-    match chunks - at {
-        0 => {}
-        1 => group::<M, R, BITS, 1>(&mut acc, wts, x, at, full),
-        2 => group::<M, R, BITS, 2>(&mut acc, wts, x, at, full),
-        _ => {
-            group::<M, R, BITS, 2>(&mut acc, wts, x, at, full);
-            group::<M, R, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let chunks = w.padded / CHUNK;
+        let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        let full = chunks / GROUP;
+        for g in 0..full {
+            group::<M, R, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
         }
-    }
-    for r in 0..M {
-        // Every tile width sums a product in the same order, so a column's value does not
-        // depend on the tile it falls in.
-        let v = |i: usize| if i < R { acc[r][i] } else { _mm512_setzero_ps() };
-        let mut sums = [0f32; 4];
-        _mm_storeu_ps(sums.as_mut_ptr(), reduce4(v(0), v(1), v(2), v(3)));
-        for (i, &s) in sums.iter().enumerate().take(R) {
-            out.write((r0 + r) * w.rows + c0 + i, s);
+        let at = full * GROUP;
+        match chunks - at {
+            0 => {}
+            1 => group::<M, R, BITS, 1>(&mut acc, wts, x, at, full),
+            2 => group::<M, R, BITS, 2>(&mut acc, wts, x, at, full),
+            _ => {
+                group::<M, R, BITS, 2>(&mut acc, wts, x, at, full);
+                group::<M, R, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+            }
+        }
+        for r in 0..M {
+            // Every tile width sums a product in the same order, so a column's value does not
+            // depend on the tile it falls in.
+            let v = |i: usize| if i < R { acc[r][i] } else { _mm512_setzero_ps() };
+            let mut sums = [0f32; 4];
+            _mm_storeu_ps(sums.as_mut_ptr(), reduce4(v(0), v(1), v(2), v(3)));
+            for (i, &s) in sums.iter().enumerate().take(R) {
+                out.write((r0 + r) * w.rows + c0 + i, s);
+            }
         }
     }
 }

@@ -146,7 +146,9 @@ mod tests {
         // SAFETY (all of these): the CPU has the level's features, and the tests call each
         // kernel on one thread at a time with fitting sizes.
         let mut ks: Vec<(&'static str, Kernel)> = vec![
+            // SAFETY: one thread at a time, with fitting sizes.
             ("portable", |a, w, o, c| unsafe { qmatmul_portable(a, w, o, c) }),
+            // SAFETY: one thread at a time, with fitting sizes.
             ("dispatch", |a, w, o, c| unsafe { qmatmul(a, w, o, c) }),
         ];
         #[cfg(target_arch = "x86_64")]

@@ -20,7 +20,7 @@
 //! applied once per group, as one 16-lane vector (a 32-value block's scale on two lanes, or
 //! Q6_K's per-16 scales one a lane), not once per chunk. A row whose chunks are not a multiple
 //! of 4 ends in a group of 2 and/or 1 chunk, laid out the same way with 8 or 4 values per lane
-//! (see [`groups`]). 4-bit codes of two neighbouring chunks share 64 bytes (low nibbles for the
+//! (see `groups`). 4-bit codes of two neighbouring chunks share 64 bytes (low nibbles for the
 //! first chunk, high for the second), so one load and three operations unpack 128 codes. 5- and
 //! 6-bit codes keep their low 4 bits the same way and their high bits in a second plane (see
 //! [`Bits`]), or'd in above the nibble after unpacking.
@@ -407,17 +407,21 @@ impl Weights {
     /// `c0 < w.rows` (the offsets stay inside the allocations; the empty `m` and `sub` of some
     /// types are offset with `wrapping_add` and never read).
     unsafe fn new(w: &QMatrix, c0: usize) -> Self {
-        let (row_bytes, hi_row, per_row) = (w.bits.row_bytes(w.padded), w.hi_row_bytes(), w.per_row());
-        Self {
-            qs: w.qs.as_ptr().add(c0 * row_bytes),
-            row_bytes,
-            plane: w.hi.as_ptr().wrapping_add(c0 * hi_row),
-            hi_row,
-            scales: w.scales,
-            d: w.d.as_ptr().add(c0 * per_row.0),
-            m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
-            sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
-            per_row,
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let (row_bytes, hi_row, per_row) = (w.bits.row_bytes(w.padded), w.hi_row_bytes(), w.per_row());
+            Self {
+                qs: w.qs.as_ptr().add(c0 * row_bytes),
+                row_bytes,
+                plane: w.hi.as_ptr().wrapping_add(c0 * hi_row),
+                hi_row,
+                scales: w.scales,
+                d: w.d.as_ptr().add(c0 * per_row.0),
+                m: w.m.as_ptr().wrapping_add(c0 * per_row.1),
+                sub: w.sub.as_ptr().wrapping_add(c0 * per_row.2),
+                per_row,
+            }
         }
     }
 }
@@ -440,13 +444,17 @@ impl Acts {
     /// # Safety
     /// `r0 < a.rows`.
     unsafe fn new(a: &QActs, r0: usize) -> Self {
-        let groups = group_count(a.padded / CHUNK);
-        Self {
-            xq: a.xq.as_ptr().add(r0 * a.padded),
-            padded: a.padded,
-            dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
-            sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
-            groups,
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let groups = group_count(a.padded / CHUNK);
+            Self {
+                xq: a.xq.as_ptr().add(r0 * a.padded),
+                padded: a.padded,
+                dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
+                sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
+                groups,
+            }
         }
     }
 }

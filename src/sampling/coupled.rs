@@ -19,7 +19,7 @@
 //! shared noise with probability at least `(1 − TV)/(1 + TV)` (TV their total variation
 //! distance) where `min(1, p/q)` accepts with probability `1 − TV`.
 //!
-//! [`verify_greedy`]: super::verify_greedy
+//! [`verify_greedy`]: crate::kernel::verify_greedy
 
 use crate::error::{Error, Result};
 

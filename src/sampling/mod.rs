@@ -10,6 +10,10 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
+mod coupled;
+
+pub use coupled::Noise;
+
 /// Temperature, top-k, top-p and seed, validated when built.
 ///
 /// Temperature 0 means greedy decoding (argmax); top-k and top-p then change nothing.
@@ -86,7 +90,7 @@ impl SamplingConfig {
     }
 
     /// Coupled sampling: every token is drawn from noise fixed by the seed, the generation's
-    /// index and the token's position (see [`Noise`](crate::kernel::Noise)), and drafts are
+    /// index and the token's position (see [`Noise`]), and drafts are
     /// judged by agreement under that noise. The distribution is the target's as always, and
     /// the text is then the same for a seed whatever the drafter, k (adaptive included), tree
     /// setting or batch: speculative output equals the plain decoder's in this mode token for
@@ -99,8 +103,8 @@ impl SamplingConfig {
     }
 
     /// The noise of generation `generation` when sampling is coupled and not greedy.
-    pub(crate) fn noise(&self, generation: u64) -> Option<crate::kernel::Noise> {
-        (self.coupled && !self.is_greedy()).then(|| crate::kernel::Noise::new(self.seed, generation))
+    pub(crate) fn noise(&self, generation: u64) -> Option<Noise> {
+        (self.coupled && !self.is_greedy()).then(|| Noise::new(self.seed, generation))
     }
 
     /// True for [`coupled`](Self::coupled) sampling.

@@ -1,9 +1,9 @@
 //! Growing a tree of drafts with a model: first children fed one by one at a chain's cost,
 //! or the best nodes of each level scored together (EAGLE-2), then the best nodes kept.
 
-use super::tree::{Child, ChildPicker, DraftTree, TreeBudget};
+use super::{Logits, TargetModel};
 use crate::error::{Error, Result};
-use crate::model::{Logits, TargetModel};
+use crate::tree::{Child, ChildPicker, DraftTree, TreeBudget};
 
 /// A node found while expanding: its index, its cumulative draft log-probability, and the
 /// score it is kept by. A sampled node is kept by its parent's score: whether a draw stays in
@@ -220,8 +220,8 @@ fn check_rows(rows: &Logits, expected: usize, vocab: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::draft::tree::top_tokens;
     use crate::toy::MarkovModel;
+    use crate::tree::top_tokens;
     use crate::SamplingConfig;
     use rand::rngs::StdRng;
     use rand::SeedableRng;

@@ -1,7 +1,7 @@
 //! Trees of drafted tokens: the shape a drafter fills ([`TreeBudget`]), what it returns
 //! ([`DraftTree`]), and how a drafter's row becomes children under the decoder's sampling
-//! settings ([`ChildPicker`]). Model drafters grow trees with
-//! [`expand_tree`](super::expand_tree).
+//! settings ([`ChildPicker`]), and the attention layout of a tree call ([`TreeShape`]). Model
+//! drafters grow trees with [`expand_tree`](crate::model::expand_tree).
 //!
 //! A node is a deterministic proposal (a point mass) or a draw from a draft row kept with it.
 //! Which deterministic tokens a drafter puts in a tree may depend on anything but the target,
@@ -10,10 +10,12 @@
 
 use rand::rngs::StdRng;
 
+mod shape;
+
+pub use shape::TreeShape;
+
 use crate::error::{Error, Result};
-use crate::kernel::Noise;
-use crate::models::TreeShape;
-use crate::sampling::{sample, SamplingConfig};
+use crate::sampling::{sample, Noise, SamplingConfig};
 
 /// How large a tree a drafter may propose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,7 +310,7 @@ impl<'a> ChildPicker<'a> {
 
 /// The `width` most likely tokens of a logits row (never `skip`), with their
 /// log-probabilities; tokens with non-finite logits are never proposed.
-pub(super) fn top_tokens(row: &[f32], width: usize, skip: Option<u32>) -> Vec<(u32, f32)> {
+pub(crate) fn top_tokens(row: &[f32], width: usize, skip: Option<u32>) -> Vec<(u32, f32)> {
     let max = row.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max);
     let total: f64 = row.iter().filter(|x| x.is_finite()).map(|&x| f64::from(x - max).exp()).sum();
     let log_total = max + total.ln() as f32;

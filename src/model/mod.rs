@@ -1,8 +1,13 @@
 //! The two roles a model plays: the target that verifies and the draft that proposes.
 
-use crate::draft::{expand_tree, ChildPicker, DraftTree, TreeBudget};
+mod expand;
+
+pub use expand::expand_tree;
+#[cfg(feature = "heads")]
+pub(crate) use expand::grow;
+
 use crate::error::{Error, Result};
-use crate::models::TreeShape;
+use crate::tree::{ChildPicker, DraftTree, TreeBudget, TreeShape};
 
 /// Logits rows on the host: `rows() × vocab()` values, row-major.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,224 @@
+//! [`Drafter`]: the run-time choice of a drafter, as written on a command line
+//! ([`DrafterSpec`]): a model draft, n-gram lookup, both, a layer-skip or re-quantized copy of
+//! the target, or a draft head. It sits above the drafters, the heads and the loaders it
+//! builds from.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use candle_core::Device;
+
+use crate::draft::{LookupOr, NGramDraft};
+use crate::error::{Error, Result};
+#[cfg(feature = "heads")]
+use crate::heads::{EagleVersion, HeadDraft};
+use crate::loading::{check_compatible, ModelFiles};
+use crate::model::{BatchDraft, DraftModel, Proposal};
+use crate::models::{Llama, WeightFormat};
+use crate::tokenizer::Tokenizer;
+use crate::tree::{ChildPicker, DraftTree, TreeBudget};
+
+/// Which drafter to build, as written on a command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrafterSpec {
+    /// `model` or `model:PATH_OR_HUB_ID`: a separate model (default: the target's file with its
+    /// weights as stored, e.g. the Q4_1 weights of a Q4_1 GGUF).
+    Model(Option<String>),
+    /// `ngram`: prompt lookup, no model.
+    NGram,
+    /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID`: lookup where the context has a match of
+    /// 4 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
+    LookupModel(Option<String>),
+    /// `layerskip:N`: the target's first N blocks, sharing its weights.
+    LayerSkip(usize),
+    /// `quant:TYPE`: the target's weights re-quantized at load (`q8_0`, `q4_0`, `q4k`, …).
+    Quant(WeightFormat),
+    /// `eagle:PATH_OR_HUB_ID`: an EAGLE-1/2 head on the target's final hidden states.
+    Eagle(String),
+    /// `eagle3:PATH_OR_HUB_ID`: an EAGLE-3 head on three of the target's residual streams.
+    Eagle3(String),
+    /// `medusa:PATH_OR_HUB_ID`: Medusa-1 heads on the target's final hidden states.
+    Medusa(String),
+}
+
+impl FromStr for DrafterSpec {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let (kind, arg) = s.split_once(':').map_or((s, None), |(k, a)| (k, Some(a)));
+        match (kind, arg) {
+            ("model", a) => Ok(Self::Model(a.map(str::to_string))),
+            ("ngram", None) => Ok(Self::NGram),
+            ("ngram+model", a) => Ok(Self::LookupModel(a.map(str::to_string))),
+            ("layerskip", Some(n)) => n
+                .parse()
+                .map(Self::LayerSkip)
+                .map_err(|_| Error::setting("drafter", s, "layerskip:N with N a number of blocks")),
+            ("quant", Some(t)) => Ok(Self::Quant(t.parse()?)),
+            ("eagle", Some(p)) => Ok(Self::Eagle(p.to_string())),
+            ("eagle3", Some(p)) => Ok(Self::Eagle3(p.to_string())),
+            ("medusa", Some(p)) => Ok(Self::Medusa(p.to_string())),
+            _ => Err(Error::setting(
+                "drafter",
+                s,
+                "model[:PATH], ngram, ngram+model[:PATH], layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH or medusa:PATH",
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DrafterSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Model(None) => write!(f, "model"),
+            Self::Model(Some(p)) => write!(f, "model:{p}"),
+            Self::NGram => write!(f, "ngram"),
+            Self::LookupModel(None) => write!(f, "ngram+model"),
+            Self::LookupModel(Some(p)) => write!(f, "ngram+model:{p}"),
+            Self::LayerSkip(n) => write!(f, "layerskip:{n}"),
+            Self::Quant(q) => write!(f, "quant:{q}"),
+            Self::Eagle(p) => write!(f, "eagle:{p}"),
+            Self::Eagle3(p) => write!(f, "eagle3:{p}"),
+            Self::Medusa(p) => write!(f, "medusa:{p}"),
+        }
+    }
+}
+
+/// A drafter chosen at run time.
+// One value per model, built once: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Drafter {
+    /// A model (separate, re-quantized or layer-skip).
+    Model(Llama),
+    /// Prompt lookup.
+    NGram(NGramDraft),
+    /// Prompt lookup where it matches, a model elsewhere.
+    Lookup(LookupOr<Llama>),
+    /// An EAGLE or Medusa head (with the `heads` feature).
+    #[cfg(feature = "heads")]
+    Head(HeadDraft),
+}
+
+impl Drafter {
+    /// Builds the drafter `spec` for `target` (loaded from `files`, with `tokenizer`). Draft
+    /// heads set the target to record the hidden states they read (see
+    /// [`Llama::record_hidden`]), which empties its context.
+    ///
+    /// # Errors
+    /// Loading failures; [`Error::TokenizerMismatch`] for a separate model with another
+    /// tokenizer; [`Error::HeadMismatch`] for a head made for another model;
+    /// [`Error::InvalidSetting`] for a head when the crate was built without `heads`.
+    pub fn build(
+        spec: &DrafterSpec,
+        files: &ModelFiles,
+        target: &mut Llama,
+        tokenizer: &Tokenizer,
+        device: &Device,
+    ) -> Result<Self> {
+        let weights = target.weights().clone();
+        Ok(match spec {
+            #[cfg(feature = "heads")]
+            DrafterSpec::Eagle(p) => Self::Head(HeadDraft::eagle(p, EagleVersion::One, files, target, device)?),
+            #[cfg(feature = "heads")]
+            DrafterSpec::Eagle3(p) => Self::Head(HeadDraft::eagle(p, EagleVersion::Three, files, target, device)?),
+            #[cfg(feature = "heads")]
+            DrafterSpec::Medusa(p) => Self::Head(HeadDraft::medusa(p, files, target, device)?),
+            #[cfg(not(feature = "heads"))]
+            DrafterSpec::Eagle(_) | DrafterSpec::Eagle3(_) | DrafterSpec::Medusa(_) => {
+                return Err(Error::setting("drafter", spec, "a drafter other than a head: built without `heads`"));
+            }
+            DrafterSpec::NGram => Self::NGram(NGramDraft::new(target.config().vocab_size)?),
+            DrafterSpec::LayerSkip(n) => Self::Model(Llama::with_layers(weights, (0..*n).collect())?),
+            DrafterSpec::Quant(format) => Self::Model(Llama::new(files.load(*format, device)?.0)?),
+            DrafterSpec::Model(path) => Self::Model(model_draft(path.as_deref(), files, tokenizer, device)?),
+            DrafterSpec::LookupModel(path) => {
+                Self::Lookup(LookupOr::new(model_draft(path.as_deref(), files, tokenizer, device)?)?)
+            }
+        })
+    }
+}
+
+/// The model draft at `path`, checked against the target's tokenizer, or (no path) the
+/// target's own file with its weights as stored.
+fn model_draft(path: Option<&str>, files: &ModelFiles, tokenizer: &Tokenizer, device: &Device) -> Result<Llama> {
+    let Some(path) = path else { return Llama::new(files.load(WeightFormat::Stored, device)?.0) };
+    let draft_files = ModelFiles::resolve(path)?;
+    let (weights, draft_tok) = draft_files.load(WeightFormat::Stored, device)?;
+    check_compatible((&draft_files.name(), &draft_tok), (&files.name(), tokenizer))?;
+    Llama::new(weights)
+}
+
+impl DraftModel for Drafter {
+    fn vocab_size(&self) -> usize {
+        match self {
+            Self::Model(m) => DraftModel::vocab_size(m),
+            Self::NGram(n) => n.vocab_size(),
+            Self::Lookup(l) => l.vocab_size(),
+            #[cfg(feature = "heads")]
+            Self::Head(h) => h.vocab_size(),
+        }
+    }
+
+    fn context_len(&self) -> usize {
+        match self {
+            Self::Model(m) => m.context_len(),
+            Self::NGram(n) => DraftModel::context_len(n),
+            Self::Lookup(l) => l.context_len(),
+            #[cfg(feature = "heads")]
+            Self::Head(h) => h.context_len(),
+        }
+    }
+
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        match self {
+            Self::Model(m) => m.propose(tokens),
+            Self::NGram(n) => n.propose(tokens),
+            Self::Lookup(l) => l.propose(tokens),
+            #[cfg(feature = "heads")]
+            Self::Head(h) => h.propose(tokens),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        match self {
+            Self::Model(m) => m.truncate(len),
+            Self::NGram(n) => DraftModel::truncate(n, len),
+            Self::Lookup(l) => l.truncate(len),
+            #[cfg(feature = "heads")]
+            Self::Head(h) => h.truncate(len),
+        }
+    }
+
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
+        match self {
+            Self::Model(m) => m.propose_tree(tokens, budget, picker),
+            Self::NGram(n) => n.propose_tree(tokens, budget, picker),
+            Self::Lookup(l) => l.propose_tree(tokens, budget, picker),
+            #[cfg(feature = "heads")]
+            Self::Head(h) => h.propose_tree(tokens, budget, picker),
+        }
+    }
+}
+
+impl BatchDraft for Drafter {
+    /// Model drafters over shared weights propose in one forward pass; any other mix proposes
+    /// one sequence at a time.
+    fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>> {
+        let n = drafts.len();
+        let mut models: Vec<&mut Llama> = Vec::with_capacity(n);
+        for d in drafts.iter_mut() {
+            if let Self::Model(m) = &mut **d {
+                models.push(m);
+            }
+        }
+        let shared = models.windows(2).all(|w| Arc::ptr_eq(w[0].weights(), w[1].weights()));
+        if models.len() == n && shared {
+            return Llama::propose_batch(&mut models, feeds);
+        }
+        if n != feeds.len() {
+            return Err(Error::setting("batch feeds", feeds.len(), "one per draft"));
+        }
+        drafts.iter_mut().zip(feeds).map(|(d, feed)| d.propose(feed)).collect()
+    }
+}

@@ -1,0 +1,88 @@
+//! [`HeadDraft`]: an EAGLE or a Medusa drafter, as [`Drafter`](crate::Drafter) holds one.
+
+use std::sync::Arc;
+
+use candle_core::Device;
+
+use super::{EagleDraft, EagleHead, EagleVersion, HeadFiles, MedusaDraft, MedusaHead, TargetParts};
+use crate::error::Result;
+use crate::loading::ModelFiles;
+use crate::model::{DraftModel, Proposal};
+use crate::models::{Llama, Tap};
+use crate::tree::{ChildPicker, DraftTree, TreeBudget};
+
+/// An EAGLE head's drafter or Medusa heads' drafter.
+#[derive(Debug)]
+pub enum HeadDraft {
+    /// An EAGLE-1/2 or EAGLE-3 head.
+    Eagle(EagleDraft),
+    /// Medusa heads.
+    Medusa(MedusaDraft),
+}
+
+impl HeadDraft {
+    /// The EAGLE head (`version` 1/2 or 3) in the folder or file `path`, for `target` loaded
+    /// from `files`. The target is set to record the hidden states the head reads (see
+    /// [`Llama::record_hidden`]), which empties its context.
+    ///
+    /// # Errors
+    /// Loading failures; [`Error::HeadMismatch`](crate::Error::HeadMismatch) for a head made
+    /// for another model.
+    pub fn eagle(
+        path: &str,
+        version: EagleVersion,
+        files: &ModelFiles,
+        target: &mut Llama,
+        device: &Device,
+    ) -> Result<Self> {
+        let head = EagleHead::load(HeadFiles::open(path, device)?, version, &TargetParts::read(files, device)?, true)?;
+        let features = target.record_hidden(head.taps().to_vec())?;
+        Ok(Self::Eagle(EagleDraft::new(Arc::new(head), features)?))
+    }
+
+    /// Medusa heads in `path`, as [`eagle`](Self::eagle).
+    ///
+    /// # Errors
+    /// As [`eagle`](Self::eagle).
+    pub fn medusa(path: &str, files: &ModelFiles, target: &mut Llama, device: &Device) -> Result<Self> {
+        let head = MedusaHead::load(HeadFiles::open(path, device)?, &TargetParts::read(files, device)?, true)?;
+        Ok(Self::Medusa(MedusaDraft::new(Arc::new(head), target.record_hidden(vec![Tap::Final])?)?))
+    }
+}
+
+impl DraftModel for HeadDraft {
+    fn vocab_size(&self) -> usize {
+        match self {
+            Self::Eagle(e) => e.vocab_size(),
+            Self::Medusa(m) => m.vocab_size(),
+        }
+    }
+
+    fn context_len(&self) -> usize {
+        match self {
+            Self::Eagle(e) => e.context_len(),
+            Self::Medusa(m) => m.context_len(),
+        }
+    }
+
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        match self {
+            Self::Eagle(e) => e.propose(tokens),
+            Self::Medusa(m) => m.propose(tokens),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        match self {
+            Self::Eagle(e) => e.truncate(len),
+            Self::Medusa(m) => m.truncate(len),
+        }
+    }
+
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
+        match self {
+            Self::Eagle(e) => e.propose_tree(tokens, budget, picker),
+            Self::Medusa(m) => m.propose_tree(tokens, budget, picker),
+        }
+    }
+}
