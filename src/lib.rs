@@ -100,7 +100,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
-pub mod math;
+pub(crate) mod math;
 
 pub mod adaptive;
 pub mod batch;

@@ -20,6 +20,5 @@ pub use config::{HeadConfig, HeadFiles};
 pub use draft::HeadDraft;
 pub use eagle::{EagleHead, EagleVersion, HeadInput};
 pub use eagle_draft::EagleDraft;
-pub use layer::{mask, rms_norm, rope_tables, DecoderLayer, LayerCache, LayerShape};
 pub use medusa::{MedusaDraft, MedusaHead};
 pub use target::{HeadMatrix, TargetParts};

@@ -25,17 +25,7 @@ impl KvCache {
         Ok(Self { v: k.zeros_like()?, k, len: 0 })
     }
 
-    /// Live positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when no position is live.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Forgets every position from `len` on (callers check `len <= self.len()`).
+    /// Forgets every position from `len` on (callers check `len` against the live positions).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }

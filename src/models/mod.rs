@@ -8,16 +8,16 @@
 //!   and `kv_cache`): the two backends;
 //! - `llama`: [`Llama`], a model instance over shared [`LlamaWeights`] and one backend.
 
-pub mod candle_llama;
-pub mod config;
-pub mod engine;
-pub mod features;
-pub mod format;
-pub mod kv_cache;
-pub mod linear;
-pub mod llama;
+pub(crate) mod candle_llama;
+pub(crate) mod config;
+pub(crate) mod engine;
+pub(crate) mod features;
+pub(crate) mod format;
+pub(crate) mod kv_cache;
+pub(crate) mod linear;
+pub(crate) mod llama;
 pub mod native;
-pub mod tensors;
+pub(crate) mod tensors;
 
 pub use config::{Family, LlamaConfig};
 pub use engine::{Backend, BatchCall, Engine, Tap};

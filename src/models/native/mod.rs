@@ -2,11 +2,15 @@
 //! one persistent thread team, no allocation per token. See `models::llama` for the model
 //! type that uses it.
 
-pub mod attention;
-pub mod llama;
+pub(crate) mod attention;
+pub(crate) mod llama;
+// The kernels are public only for the benches and the soundness tests.
+#[doc(hidden)]
 pub mod matmul;
+#[doc(hidden)]
 pub mod out_ptr;
-pub mod pool;
+pub(crate) mod pool;
+#[doc(hidden)]
 pub mod quant;
 
-pub use llama::{NativeCache, NativeWeights};
+pub(crate) use llama::NativeWeights;

@@ -92,11 +92,6 @@ impl Team {
         Self { threads: workers.len() + 1, shared, workers, lock: Mutex::new(()) }
     }
 
-    /// Threads in the team.
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
     /// Runs `job` over `0..items`, cut into chunks of `grain` items that the team's threads
     /// claim, and returns when every chunk is done. A panic inside the job aborts the process
     /// (other threads may hold parts of it); jobs here are arithmetic on slices checked before.
