@@ -337,10 +337,19 @@ impl Trie {
 
 /// Turns a growing list of token ids into text increments, holding back bytes that do not yet
 /// form whole characters.
+///
+/// Each push decodes only a short window: the tokens not yet turned into text, after those of
+/// the last text returned (decoded alike, so that a tokenizer's word-start handling, such as
+/// SentencePiece dropping a leading space, cancels out; a prefix of whole characters, so that
+/// byte-fallback tokens are never cut mid-character), so streaming n tokens costs O(n).
+/// This is the algorithm of tokenizers' `DecodeStream`, kept here because that type borrows
+/// its tokenizer for its whole life, and ours also decodes GGUF vocabularies.
 #[derive(Debug, Default)]
 pub struct TextStream {
+    /// Tokens from the start of the window on: those of the last text returned, then the rest.
     tokens: Vec<u32>,
-    printed: usize,
+    /// How many of `tokens` are the last text returned (the window's prefix).
+    read: usize,
 }
 
 impl TextStream {
@@ -355,12 +364,15 @@ impl TextStream {
     /// [`Error::Tokenizer`] when decoding fails.
     pub fn push(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<String> {
         self.tokens.extend_from_slice(tokens);
+        let before = tokenizer.decode(&self.tokens[..self.read])?;
         let text = tokenizer.decode(&self.tokens)?;
-        if text.len() > self.printed && !text.ends_with('\u{FFFD}') && text.is_char_boundary(self.printed) {
-            let new = text[self.printed..].to_string();
-            self.printed = text.len();
-            return Ok(new);
+        if text.len() <= before.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(before.len()) {
+            return Ok(String::new());
         }
-        Ok(String::new())
+        // The next window: this text's tokens as its prefix.
+        let new = text[before.len()..].to_string();
+        self.tokens.drain(..self.read);
+        self.read = self.tokens.len();
+        Ok(new)
     }
 }

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use common::models::{model_path, SMOLLM2, STORIES};
+use common::models::{model_path, GEMMA3, QWEN_0_5B, SMOLLM2, STORIES};
 use specdec::loading::{hub, safetensors::interleaved_to_hf, GgufFile, TensorSource};
-use specdec::{Error, Llama, ModelFiles, PlainDecoder, Result, SamplingConfig, WeightFormat};
+use specdec::{Error, Llama, ModelFiles, PlainDecoder, Result, SamplingConfig, TextStream, WeightFormat};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("specdec-{tag}-{}", std::process::id()));
@@ -116,6 +116,32 @@ fn tokenizers_rebuilt_from_gguf_round_trip() -> Result<()> {
     // Special tokens in the text are single tokens; digits are split one by one (smollm).
     assert_eq!(tok.encode("<|im_start|>user")?[0], 1);
     assert_eq!(tok.encode("2024")?.len(), 4);
+    Ok(())
+}
+
+#[test]
+fn streamed_text_equals_the_whole_decoded_at_once() -> Result<()> {
+    // Byte-level BPE (SmolLM2, Qwen), SentencePiece (the stories model, Gemma): accents, CJK and
+    // an emoji whose bytes span several tokens, streamed one token at a time and three at a time.
+    let text = "Once upon a time, naïve café: 你好世界 👍🏽 done.\n  indented  twice";
+    for name in [STORIES, SMOLLM2, GEMMA3, QWEN_0_5B] {
+        let Some(path) = model_path(name) else { continue };
+        let tok = GgufFile::open(path)?.tokenizer()?;
+        let ids = tok.encode(text)?;
+        let whole = tok.decode(&ids)?;
+        for chunk in [1, 3] {
+            let mut stream = TextStream::new();
+            let mut streamed = String::new();
+            for piece in ids.chunks(chunk) {
+                let new = stream.push(&tok, piece)?;
+                // (The stories model's 512 tokens cannot spell CJK: its whole text has U+FFFD too.)
+                let broken = new.contains('\u{FFFD}') && !whole.contains('\u{FFFD}');
+                assert!(!broken, "{name}: a broken character was streamed: {new:?}");
+                streamed.push_str(&new);
+            }
+            assert_eq!(streamed, whole, "{name}, {chunk} at a time");
+        }
+    }
     Ok(())
 }
 
