@@ -63,13 +63,23 @@ pub enum Error {
     #[error("tensor `{0}` is missing from the model file")]
     MissingTensor(String),
 
-    /// The tokenizer could not be built or failed to encode/decode.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    /// The tokenizer could not be built or failed to encode/decode (`source`: the tokenizers
+    /// library's error, when it was one).
+    #[error("tokenizer: {message}")]
+    Tokenizer {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
-    /// A Hugging Face hub download or cache lookup failed.
-    #[error("hub: {0}")]
-    Hub(String),
+    /// A Hugging Face hub download or cache lookup failed (`source`: hf-hub's or the index
+    /// parser's error, when it was one).
+    #[error("hub: {message}")]
+    Hub {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
     /// The requested device cannot be used by this build or machine.
     #[error("device `{device}` is not available: {reason}")]
@@ -93,10 +103,23 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// The error another library reported, kept as an [`Error`]'s source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// [`Error::Tokenizer`] with `message` and no source.
+    pub fn tokenizer(message: impl Into<String>) -> Self {
+        Error::Tokenizer { message: message.into(), source: None }
+    }
+
+    /// [`Error::Hub`] with `message` and no source.
+    pub fn hub(message: impl Into<String>) -> Self {
+        Error::Hub { message: message.into(), source: None }
+    }
+
     /// Shorthand for [`Error::InvalidSetting`].
     pub fn setting(name: &'static str, value: impl std::fmt::Display, expected: &'static str) -> Self {
         Error::InvalidSetting { name, value: value.to_string(), expected }

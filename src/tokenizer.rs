@@ -8,7 +8,7 @@ use std::str::FromStr;
 use candle_core::quantized::gguf_file::Value;
 use serde_json::{json, Value as Json};
 
-use crate::error::{Error, Result};
+use crate::error::{BoxError, Error, Result};
 
 /// A tokenizer plus what generation needs from it.
 #[derive(Clone)]
@@ -23,8 +23,8 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-fn tok_err(e: impl std::fmt::Display) -> Error {
-    Error::Tokenizer(e.to_string())
+fn tok_err<E: std::fmt::Display + Into<BoxError>>(e: E) -> Error {
+    Error::Tokenizer { message: e.to_string(), source: Some(e.into()) }
 }
 
 impl Tokenizer {
@@ -34,8 +34,8 @@ impl Tokenizer {
     /// [`Error::Tokenizer`] when the file cannot be read or parsed.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let inner =
-            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Tokenizer { message: format!("{}: {e}", path.display()), source: Some(e) })?;
         let chat_system = None;
         Ok(Self { inner, chat_system })
     }
@@ -45,7 +45,7 @@ impl Tokenizer {
     /// # Errors
     /// [`Error::Tokenizer`] when the metadata is missing or of an unsupported kind.
     pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self> {
-        let get = |key: &str| md.get(key).ok_or_else(|| Error::Tokenizer(format!("GGUF metadata has no `{key}`")));
+        let get = |key: &str| md.get(key).ok_or_else(|| Error::tokenizer(format!("GGUF metadata has no `{key}`")));
         let strings = |key: &str| -> Result<Vec<String>> {
             get(key)?.to_vec().map_err(tok_err)?.iter().map(|v| v.to_string().cloned().map_err(tok_err)).collect()
         };
@@ -82,7 +82,7 @@ impl Tokenizer {
                 sentencepiece_json(&tokens, &types, &scores, flag("tokenizer.ggml.add_space_prefix", true), bos, unk)?
             }
             other => {
-                return Err(Error::Tokenizer(format!(
+                return Err(Error::tokenizer(format!(
                     "GGUF tokenizer model `{other}` is not supported (gpt2 or llama)"
                 )))
             }
@@ -223,7 +223,7 @@ fn gpt2_json(tokens: &[String], types: &[i64], merges: Vec<String>, pre: &str, b
         "llama-bpe" | "llama3" => split(LLAMA3_SPLIT),
         "qwen2" | "deepseek-r1-qwen" => split(QWEN2_SPLIT),
         other => {
-            return Err(Error::Tokenizer(format!(
+            return Err(Error::tokenizer(format!(
                 "GGUF pre-tokenizer `{other}` is not supported (gpt2, smollm, llama-bpe, qwen2)"
             )))
         }

@@ -96,7 +96,8 @@ fn safetensors_folder_and_hub_cache_generate_what_the_gguf_does() -> Result<()> 
     assert_eq!(fetched, snapshot);
     assert_eq!(greedy(&ModelFiles::HfDir(fetched), "Once upon a time")?, expected);
     // A repository that is neither cached nor reachable is a typed error.
-    assert!(matches!(hub::fetch("specdec/not-there", Some(cache.clone())), Err(Error::Hub(_))));
+    // (hf-hub's own error kept as its source.)
+    assert!(matches!(hub::fetch("specdec/not-there", Some(cache.clone())), Err(Error::Hub { source: Some(_), .. })));
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(cache);
     Ok(())
@@ -220,4 +221,16 @@ fn cuda_without_the_feature_is_a_typed_error() {
     assert!(matches!(specdec::device("cuda"), Err(Error::DeviceUnavailable { .. })));
     assert!(matches!(specdec::device("tpu"), Err(Error::DeviceUnavailable { .. })));
     assert!(specdec::device("cpu").is_ok());
+}
+
+#[test]
+fn a_tokenizer_that_cannot_be_read_keeps_the_libraries_error_as_its_source() {
+    let dir = temp_dir("bad-tokenizer");
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, "{ not json").expect("write");
+    match specdec::Tokenizer::from_file(&path) {
+        Err(e @ Error::Tokenizer { .. }) => assert!(std::error::Error::source(&e).is_some(), "{e}"),
+        other => panic!("expected a tokenizer error, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -24,8 +24,8 @@ pub fn fetch(repo: &str, cache_dir: Option<PathBuf>) -> Result<PathBuf> {
         Err(single) => {
             let index = get("model.safetensors.index.json").map_err(|_| single)?;
             let text = std::fs::read_to_string(index)?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| Error::Hub(format!("{repo}: index: {e}")))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::Hub { message: format!("{repo}: index: {e}"), source: Some(e.into()) })?;
             let mut shards: Vec<&str> =
                 json["weight_map"].as_object().into_iter().flatten().filter_map(|(_, f)| f.as_str()).collect();
             shards.sort_unstable();
@@ -47,21 +47,25 @@ pub fn is_repo_id(spec: &str) -> bool {
 #[cfg(feature = "hub")]
 fn getter(repo: &str, cache_dir: Option<PathBuf>) -> Result<impl Fn(&str) -> Result<PathBuf> + '_> {
     let cache = cache_dir.map_or_else(Cache::from_env, Cache::new);
-    let api =
-        ApiBuilder::from_cache(cache).with_progress(false).build().map_err(|e| Error::Hub(format!("{repo}: {e}")))?;
+    let api = ApiBuilder::from_cache(cache)
+        .with_progress(false)
+        .build()
+        .map_err(|e| Error::Hub { message: format!("{repo}: {e}"), source: Some(e.into()) })?;
     let model = api.model(repo.to_string());
-    Ok(move |file: &str| model.get(file).map_err(|e| Error::Hub(format!("{repo}/{file}: {e}"))))
+    Ok(move |file: &str| {
+        model.get(file).map_err(|e| Error::Hub { message: format!("{repo}/{file}: {e}"), source: Some(e.into()) })
+    })
 }
 
 /// Without the `hub` feature: every file is an error that says so.
 #[cfg(not(feature = "hub"))]
 fn getter(repo: &str, _cache_dir: Option<PathBuf>) -> Result<impl Fn(&str) -> Result<PathBuf> + '_> {
-    Ok(move |file: &str| Err(Error::Hub(format!("{repo}/{file}: specdec was built without the `hub` feature"))))
+    Ok(move |file: &str| Err(Error::hub(format!("{repo}/{file}: specdec was built without the `hub` feature"))))
 }
 
 /// The snapshot folder holding `file`.
 fn snapshot(repo: &str, file: &std::path::Path) -> Result<PathBuf> {
-    file.parent().map(PathBuf::from).ok_or_else(|| Error::Hub(format!("{repo}: odd cache path")))
+    file.parent().map(PathBuf::from).ok_or_else(|| Error::hub(format!("{repo}: odd cache path")))
 }
 
 /// Fetches a draft head's `config.json` and its weights (`model.safetensors`, else
