@@ -17,7 +17,6 @@ use crate::sampling::Noise;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats};
 use crate::stop::{check_prompt, pending, StopRule};
-use crate::tree::TreeBudget;
 
 /// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
 pub struct DecoderBuilder<D, T> {
@@ -333,7 +332,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         let remaining = self.stop.max_new_tokens - (self.ctx.len() - self.prompt_len);
         let start = self.clock.seconds();
         let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
-            Some(b) if remaining > 1 => (self.tree_round(TreeBudget { depth: b.depth.min(remaining - 1), ..b })?, true),
+            Some(b) if remaining > 1 => (self.tree_round(b.at_most_deep(remaining - 1))?, true),
             _ => (self.chain_round(remaining)?, false),
         };
         self.shape.observe(tree, verdict.tokens.len(), self.clock.seconds() - start);

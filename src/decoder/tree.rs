@@ -65,11 +65,11 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
                 got: row.len(),
             });
         }
-        if tree.len() > budget.nodes {
+        if tree.len() > budget.nodes() {
             return Err(Error::BadModelOutput {
                 model: "draft",
                 what: "tree nodes",
-                expected: budget.nodes,
+                expected: budget.nodes(),
                 got: tree.len(),
             });
         }

@@ -139,16 +139,16 @@ impl DraftModel for NGramDraft {
         Ok(())
     }
 
-    /// Up to `budget.width` matches followed by different tokens (longest first), each
-    /// continued by the `budget.depth` tokens that followed it, merged into a tree where they
-    /// share a prefix, cut at `budget.nodes` nodes. The context ends holding `tokens`.
+    /// Up to `budget.width()` matches followed by different tokens (longest first), each
+    /// continued by the `budget.depth()` tokens that followed it, merged into a tree where they
+    /// share a prefix, cut at `budget.nodes()` nodes. The context ends holding `tokens`.
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, _: &mut ChildPicker) -> Result<DraftTree> {
         self.propose(tokens)?;
         let mut tree = DraftTree::new();
-        for end in distinct_matches(&self.ctx, self.min_n, self.max_n, budget.width) {
+        for end in distinct_matches(&self.ctx, self.min_n, self.max_n, budget.width()) {
             let mut parent = None;
-            for &token in self.ctx[end + 1..].iter().take(budget.depth) {
-                if tree.len() >= budget.nodes && !tree.has_child(parent, token) {
+            for &token in self.ctx[end + 1..].iter().take(budget.depth()) {
+                if tree.len() >= budget.nodes() && !tree.has_child(parent, token) {
                     break;
                 }
                 parent = Some(tree.push(token, parent)?);

@@ -189,8 +189,8 @@ impl DraftModel for MedusaDraft {
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         self.absorb(tokens)?;
         let Some((b, first)) = self.source() else { return Ok(DraftTree::new()) };
-        let budget = TreeBudget { depth: budget.depth.min(self.head.len() - first), ..budget };
-        let mut rows: Vec<Option<Vec<f32>>> = vec![None; budget.depth + 1];
+        let budget = budget.at_most_deep(self.head.len() - first);
+        let mut rows: Vec<Option<Vec<f32>>> = vec![None; budget.depth() + 1];
         let (tree, _) = grow(budget, picker, self.row(b, first)?, |all, frontier| {
             frontier
                 .iter()

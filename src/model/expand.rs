@@ -31,10 +31,10 @@ fn add_children(tree: &mut DraftTree, kids: Vec<Child>, parent: Option<usize>, b
 }
 
 /// Drafts a tree with a model within `budget`, children picked by `picker`; in the end the
-/// `budget.nodes` nodes with the highest cumulative draft log-probability are kept (the EAGLE-2
+/// `budget.nodes()` nodes with the highest cumulative draft log-probability are kept (the EAGLE-2
 /// rerank; a node never ranks above its parent, so the kept set is a tree).
 ///
-/// With `budget.expand` = 1 each level's first child ([`ChildPicker::pick`]: a draw when
+/// With `budget.expand()` = 1 each level's first child ([`ChildPicker::pick`]: a draw when
 /// sampling) is fed to the model like a chain's draft token (one one-token call per level),
 /// and the model ends holding the context through `tokens` plus the kept part of that path
 /// but its last node. With more, the `expand` best nodes of each level are scored together in
@@ -54,7 +54,7 @@ pub fn expand_tree<M: TargetModel + ?Sized>(
     if tokens.is_empty() {
         return Err(Error::EmptyPrompt);
     }
-    if budget.expand == 1 {
+    if budget.expand() == 1 {
         expand_first_children(model, tokens, budget, picker)
     } else {
         expand_best(model, tokens, budget, picker)
@@ -118,10 +118,10 @@ fn expand_best<M: TargetModel + ?Sized>(
 }
 
 /// Grows a tree level by level from the root's row: each node of the frontier gets children
-/// from its row (`picker`: with `budget.expand` = 1 the first child is a draw when sampling,
+/// from its row (`picker`: with `budget.expand()` = 1 the first child is a draw when sampling,
 /// and it alone is expanded next; with more, children are the most likely tokens and the
 /// `expand` best nodes by cumulative log-probability are expanded), `rows` gives the rows
-/// that follow the frontier's nodes, and the `budget.nodes` best nodes are kept. Returns the
+/// that follow the frontier's nodes, and the `budget.nodes()` best nodes are kept. Returns the
 /// kept tree and the whole one.
 pub(crate) fn grow(
     budget: TreeBudget,
@@ -131,25 +131,25 @@ pub(crate) fn grow(
 ) -> Result<(DraftTree, DraftTree)> {
     let (mut all, mut candidates) = (DraftTree::new(), Vec::<Scored>::new());
     let mut level: Vec<(Option<usize>, f32, Vec<f32>)> = vec![(None, 0.0, root)];
-    for depth in 0..budget.depth {
+    for depth in 0..budget.depth() {
         let mut next = Vec::new();
         for (parent, logp, row) in &level {
             // Expanding several nodes, children are deterministic: which nodes are expanded
             // depends on their scores, and a draw's presence must not depend on what was drawn.
-            let kids = match budget.expand {
-                1 => picker.pick(row, budget.width, depth)?,
-                _ => picker.pick_top(row, budget.width, depth)?,
+            let kids = match budget.expand() {
+                1 => picker.pick(row, budget.width(), depth)?,
+                _ => picker.pick_top(row, budget.width(), depth)?,
             };
             next.extend(add_children(&mut all, kids, *parent, *logp)?);
         }
         candidates.extend(&next);
-        if depth + 1 == budget.depth || next.is_empty() {
+        if depth + 1 == budget.depth() || next.is_empty() {
             break;
         }
-        if budget.expand > 1 {
+        if budget.expand() > 1 {
             next.sort_by(|a, b| b.logp.total_cmp(&a.logp));
         }
-        let frontier: Vec<Scored> = next.into_iter().take(budget.expand).collect();
+        let frontier: Vec<Scored> = next.into_iter().take(budget.expand()).collect();
         let nodes: Vec<usize> = frontier.iter().map(|s| s.node).collect();
         let new_rows = rows(&all, &nodes)?;
         if new_rows.len() != nodes.len() {
@@ -162,7 +162,7 @@ pub(crate) fn grow(
         }
         level = frontier.iter().zip(new_rows).map(|(s, r)| (Some(s.node), s.logp, r)).collect();
     }
-    Ok((keep_best(&all, candidates, budget.nodes)?, all))
+    Ok((keep_best(&all, candidates, budget.nodes())?, all))
 }
 
 /// The sub-tree of `all` holding the nodes `frontier` and their ancestors, and for each node

@@ -237,7 +237,7 @@ pub trait DraftModel {
     /// last of `tokens`; any more it holds must lie on the tree's first path (the decoder rolls
     /// it back to the accepted part).
     ///
-    /// The default drafts a chain of `budget.depth` tokens with [`propose`](Self::propose);
+    /// The default drafts a chain of `budget.depth()` tokens with [`propose`](Self::propose);
     /// model drafters expand a real tree ([`expand_tree`]), and
     /// [`NGramDraft`](crate::NGramDraft) merges several matches.
     ///
@@ -246,7 +246,7 @@ pub trait DraftModel {
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         let mut tree = DraftTree::new();
         let mut feed = tokens.to_vec();
-        while tree.len() < budget.depth.min(budget.nodes) {
+        while tree.len() < budget.depth().min(budget.nodes()) {
             let parent = tree.len().checked_sub(1);
             let node = match self.propose(&feed)? {
                 Proposal::Nothing => break,

@@ -20,17 +20,10 @@ use crate::sampling::{sample, Noise, SamplingConfig};
 /// How large a tree a drafter may propose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeBudget {
-    /// Children per expanded node.
-    pub width: usize,
-    /// The deepest level (1: children of the root only).
-    pub depth: usize,
-    /// The most nodes in all (the root not counted).
-    pub nodes: usize,
-    /// Nodes expanded per depth. 1: the first child of each level is expanded, the others stay
-    /// leaves, so a model drafts the tree with one one-token call per level, as it drafts a
-    /// chain; more: the best `expand` nodes by cumulative draft probability, scored together
-    /// in one tree call per level (EAGLE-2), which costs more draft time.
-    pub expand: usize,
+    width: usize,
+    depth: usize,
+    nodes: usize,
+    expand: usize,
 }
 
 impl TreeBudget {
@@ -54,6 +47,35 @@ impl TreeBudget {
 
     /// The most nodes a tree may have.
     pub const MAX_NODES: usize = 64;
+
+    /// Children per expanded node.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The deepest level (1: children of the root only).
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// The most nodes in all (the root not counted).
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Nodes expanded per depth. 1: the first child of each level is expanded, the others stay
+    /// leaves, so a model drafts the tree with one one-token call per level, as it drafts a
+    /// chain; more: the best `expand` nodes by cumulative draft probability, scored together
+    /// in one tree call per level (EAGLE-2), which costs more draft time.
+    pub fn expand(&self) -> usize {
+        self.expand
+    }
+
+    /// The same budget no deeper than `depth` levels (a round near the end of a generation, a
+    /// drafter with fewer heads).
+    pub(crate) fn at_most_deep(self, depth: usize) -> Self {
+        Self { depth: self.depth.min(depth), ..self }
+    }
 }
 
 impl Default for TreeBudget {
