@@ -21,7 +21,7 @@ use specdec::{
 
 #[derive(Parser)]
 struct Args {
-    /// Target model: a .gguf file, an HF folder, or a hub id (org/name). Families: llama
+    /// Target model: a .gguf file, an HF folder, or a hub id (hf:org/name). Families: llama
     /// (Llama 2/3, SmolLM2, TinyLlama), Qwen2/2.5, Qwen3, Gemma 3, Mistral (HF folders; its
     /// GGUF files are llama), Phi-3 (GGUF).
     #[arg(long)]
@@ -38,7 +38,7 @@ struct Args {
     /// (prompt lookup), ngram+model[:PATH] (lookup where the context repeats itself, the model
     /// elsewhere), layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
     /// on the target's hidden states: eagle:PATH, eagle3:PATH, medusa:PATH (a folder with
-    /// config.json and safetensors, or a hub id; scripts/train-heads.sh trains them).
+    /// config.json and safetensors, or a hub id hf:org/name; scripts/train-heads.sh trains them).
     #[arg(long, default_value = "model")]
     drafter: String,
     /// Weight format of the target: auto, f32 or stored. auto holds a --target as stored (a
@@ -98,7 +98,9 @@ fn default_models() -> (String, Option<String>) {
     let dirs = [std::env::var_os("SPECDEC_MODELS").map(PathBuf::from), Some(root.join("models-cache"))];
     match dirs.into_iter().flatten().map(|d| d.join(LOCAL_SMOLLM2)).find(|p| p.is_file()) {
         Some(local) => (local.display().to_string(), None),
-        None => ("HuggingFaceTB/SmolLM2-360M-Instruct".into(), Some("HuggingFaceTB/SmolLM2-135M-Instruct".into())),
+        None => {
+            ("hf:HuggingFaceTB/SmolLM2-360M-Instruct".into(), Some("hf:HuggingFaceTB/SmolLM2-135M-Instruct".into()))
+        }
     }
 }
 

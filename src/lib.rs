@@ -33,7 +33,8 @@
 //! ```no_run
 //! use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, WeightFormat};
 //!
-//! // A GGUF file, an HF folder (config.json, tokenizer.json, *.safetensors) or a hub id.
+//! // A GGUF file, an HF folder (config.json, tokenizer.json, *.safetensors) or a hub id
+//! // written `hf:org/name`.
 //! let files = ModelFiles::resolve("models-cache/SmolLM2-135M-Instruct.Q4_1.gguf")?;
 //! let device = specdec::device("cpu")?;
 //! let (target, tokenizer) = files.load(WeightFormat::F32, &device)?;
@@ -88,7 +89,7 @@
 //! - `models`: `Llama` on candle and the native engine (candle-core, candle-nn);
 //! - `llama`: loading GGUF files and safetensors folders, tokenizers, `Drafter` (tokenizers,
 //!   safetensors);
-//! - `hub`: models and heads named by a hub id (hf-hub);
+//! - `hub`: models and heads named by a hub id, `hf:org/name` (hf-hub);
 //! - `heads`: draft heads; `train`: training them;
 //! - `tools`: tool-call speculation;
 //! - `cuda` (off by default): candle's CUDA backend.

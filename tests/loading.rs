@@ -96,6 +96,10 @@ fn safetensors_folder_and_hub_cache_generate_what_the_gguf_does() -> Result<()> 
     assert_eq!(fetched, snapshot);
     assert_eq!(greedy(&ModelFiles::HfDir(fetched), "Once upon a time")?, expected);
     // A repository that is neither cached nor reachable is a typed error.
+    // Only `hf:` reaches the hub: an `org/name` not on disk is a local error that says so.
+    let local = ModelFiles::resolve("specdec/not-there");
+    assert!(matches!(&local, Err(Error::Load { reason, .. }) if reason.contains("hf:specdec/not-there")), "{local:?}");
+    assert!(matches!(ModelFiles::resolve("hf:specdec/not-there"), Err(Error::Hub { .. })));
     // (hf-hub's own error kept as its source.)
     assert!(matches!(hub::fetch("specdec/not-there", Some(cache.clone())), Err(Error::Hub { source: Some(_), .. })));
     let _ = std::fs::remove_dir_all(dir);

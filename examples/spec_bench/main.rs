@@ -26,7 +26,7 @@ use specdec::{
 
 #[derive(Parser)]
 struct Args {
-    /// Target model (.gguf, HF folder or hub id); default: the fetched SmolLM2-135M-Instruct.
+    /// Target model (.gguf, HF folder or hub id hf:org/name); default: the fetched SmolLM2-135M-Instruct.
     #[arg(long)]
     target: Option<String>,
     /// Weight format of the target: f32 (the exact reference) or stored (a quantized file as

@@ -112,22 +112,22 @@ pub struct HeadFiles {
 }
 
 impl HeadFiles {
-    /// Reads a head from a folder (`config.json` and `*.safetensors`) or a hub id (`org/name`,
-    /// fetched into the hub cache). Heads published as `pytorch_model.bin` only must be
-    /// converted to safetensors first.
+    /// Reads a head from a folder (`config.json` and `*.safetensors`) or, written
+    /// `hf:org/name`, a hub repository (fetched into the hub cache). Heads published as
+    /// `pytorch_model.bin` only must be converted to safetensors first.
     ///
     /// # Errors
     /// [`Error::Load`] for missing or corrupt files, [`Error::Hub`] for failed downloads.
     pub fn open(spec: &str, device: &Device) -> Result<Self> {
         let path = Path::new(spec);
-        let dir = if path.is_dir() {
+        let dir = if let Some(repo) = spec.strip_prefix(crate::loading::HUB_PREFIX) {
+            crate::loading::hub::fetch_head(repo, None)?
+        } else if path.is_dir() {
             path.to_path_buf()
-        } else if !path.exists() && crate::loading::hub::is_repo_id(spec) {
-            crate::loading::hub::fetch_head(spec, None)?
         } else {
             return Err(Error::Load {
                 path: path.into(),
-                reason: "not a folder with config.json and *.safetensors, nor a hub id".into(),
+                reason: "not a folder with config.json and *.safetensors (a hub head is written hf:org/name)".into(),
             });
         };
         let fail = |reason: String| Error::Load { path: dir.clone(), reason };

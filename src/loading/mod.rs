@@ -38,6 +38,9 @@ impl TensorSource for GgufFile {
     }
 }
 
+/// What marks a model or head spec as a hub repository id: `hf:org/name`.
+pub const HUB_PREFIX: &str = "hf:";
+
 /// Where a model lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelFiles {
@@ -48,13 +51,18 @@ pub enum ModelFiles {
 }
 
 impl ModelFiles {
-    /// Resolves a model given as a `.gguf` path, an HF-layout folder, or a hub repository id
-    /// (`org/name`, fetched into the hub cache; `HF_HOME` moves the cache).
+    /// Resolves a model given as a `.gguf` path, an HF-layout folder, or, written
+    /// `hf:org/name`, a hub repository (fetched into the hub cache; `HF_HOME` moves the cache).
+    /// Only the `hf:` prefix reaches the network: a mistyped local path is an error, not a
+    /// download.
     ///
     /// # Errors
     /// [`Error::Load`] when a path does not exist or is neither kind; [`Error::Hub`] when the
     /// download fails.
     pub fn resolve(spec: &str) -> Result<Self> {
+        if let Some(repo) = spec.strip_prefix(HUB_PREFIX) {
+            return hub::fetch(repo, None).map(Self::HfDir);
+        }
         let path = Path::new(spec);
         if path.is_dir() {
             return Ok(Self::HfDir(path.to_path_buf()));
@@ -62,13 +70,11 @@ impl ModelFiles {
         if path.is_file() || spec.ends_with(".gguf") {
             return Ok(Self::Gguf(path.to_path_buf()));
         }
-        if hub::is_repo_id(spec) {
-            return hub::fetch(spec, None).map(Self::HfDir);
-        }
-        Err(Error::Load {
-            path: path.to_path_buf(),
-            reason: "no such file or folder, and not a hub id (org/name)".into(),
-        })
+        let reason = match hub::is_repo_id(spec) {
+            true => format!("no such file or folder (a hub model is written {HUB_PREFIX}{spec})"),
+            false => "no such file or folder".into(),
+        };
+        Err(Error::Load { path: path.to_path_buf(), reason })
     }
 
     /// A short name for reports.
