@@ -350,6 +350,8 @@ pub struct TextStream {
     tokens: Vec<u32>,
     /// How many of `tokens` are the last text returned (the window's prefix).
     read: usize,
+    /// The length of that prefix decoded alone (decoded once per text returned).
+    prefix_len: usize,
 }
 
 impl TextStream {
@@ -364,15 +366,15 @@ impl TextStream {
     /// [`Error::Tokenizer`] when decoding fails.
     pub fn push(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<String> {
         self.tokens.extend_from_slice(tokens);
-        let before = tokenizer.decode(&self.tokens[..self.read])?;
-        let text = tokenizer.decode(&self.tokens)?;
-        if text.len() <= before.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(before.len()) {
+        let (text, before) = (tokenizer.decode(&self.tokens)?, self.prefix_len);
+        if text.len() <= before || text.ends_with('\u{FFFD}') || !text.is_char_boundary(before) {
             return Ok(String::new());
         }
         // The next window: this text's tokens as its prefix.
-        let new = text[before.len()..].to_string();
+        let new = text[before..].to_string();
         self.tokens.drain(..self.read);
         self.read = self.tokens.len();
+        self.prefix_len = tokenizer.decode(&self.tokens)?.len();
         Ok(new)
     }
 }
