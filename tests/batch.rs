@@ -324,15 +324,19 @@ impl BatchTarget for Swapping {
     }
 }
 
+/// Each prompt's plain greedy decoding by the toy `target`, `n` tokens.
+fn plain_greedy(target: &MarkovModel, prompts: &[Vec<u32>], n: usize) -> Result<Vec<Vec<u32>>> {
+    let plain =
+        |p: &Vec<u32>| PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(n).generate(p);
+    prompts.iter().map(|p| Ok(plain(p)?.tokens)).collect()
+}
+
 #[test]
 fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
     let target = MarkovModel::random(VOCAB, 2, 21);
     let draft = target.noisy_copy(0.6, 22);
     let prompts = [vec![2, 0, 5], vec![1, 4, 3]];
-    let plain: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| Ok(PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(12).generate(p)?.tokens))
-        .collect::<Result<_>>()?;
+    let plain = plain_greedy(&target, &prompts, 12)?;
     for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2)] {
         let mut batch = BatchDecoder::new(policy)?;
         for p in &prompts {
@@ -435,10 +439,7 @@ fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> 
     let draft = target.noisy_copy(0.6, 22);
     let prompts = [vec![2, 0, 5], vec![1, 4, 3], vec![3, 3, 1]];
     let requests: Vec<Request> = prompts.iter().map(|p| Request::new(p.clone()).max_new_tokens(12)).collect();
-    let plain: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| Ok(PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(12).generate(p)?.tokens))
-        .collect::<Result<_>>()?;
+    let plain = plain_greedy(&target, &prompts, 12)?;
     assert_eq!(batched(&requests, &target, &draft, BatchPolicy::Fixed(2), None)?, plain);
     // Wrong output or a failed step (a model asked to roll back past its end): either way caught.
     let faulty = batched(&requests, &target, &draft, BatchPolicy::Fixed(2), Some(BatchFault::WrongRollBack));
