@@ -133,7 +133,7 @@ pub mod tree;
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder};
-pub use draft::{LookupOr, NGramDraft};
+pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabMap, Vocabulary};
 #[cfg(feature = "llama")]
 pub use drafter::{Drafter, DrafterSpec};
 pub use error::{Error, Result};

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use candle_core::quantized::gguf_file::Value;
 use serde_json::{json, Value as Json};
 
+use crate::draft::Vocabulary;
 use crate::error::{BoxError, Error, Result};
 
 /// A tokenizer plus what generation needs from it.
@@ -163,6 +164,31 @@ impl Tokenizer {
             .iter()
             .filter_map(|t| self.token_to_id(t))
             .collect()
+    }
+}
+
+/// As a cross-vocabulary drafter reads it: special tokens written out in text and read back
+/// from it; a start token (`<s>`, `<bos>`) where the model wants one.
+impl Vocabulary for Tokenizer {
+    fn text(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(tok_err)
+    }
+
+    fn ids(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.inner.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    fn len(&self) -> usize {
+        self.vocab_size()
+    }
+
+    fn start(&self) -> Vec<u32> {
+        self.encode("").unwrap_or_default()
+    }
+
+    fn is_special(&self, id: u32) -> bool {
+        // Special tokens are what decoding leaves out.
+        self.decode(&[id]).is_ok_and(|s| s.is_empty()) && self.text(&[id]).is_ok_and(|s| !s.is_empty())
     }
 }
 

@@ -5,6 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::draft::Vocabulary;
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};
 
@@ -156,6 +157,56 @@ impl DraftModel for PointDraft {
 
     fn truncate(&mut self, len: usize) -> Result<()> {
         TargetModel::truncate(&mut self.model, len)
+    }
+}
+
+/// A toy tokenizer: a list of token strings, encoded by longest match from the left and
+/// decoded by concatenation, for cross-vocabulary tests (two vocabularies that split the same
+/// text differently).
+#[derive(Debug, Clone)]
+pub struct ToyVocab {
+    strings: Vec<String>,
+}
+
+impl ToyVocab {
+    /// A vocabulary of `strings` (id i is `strings[i]`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for an empty vocabulary or an empty string.
+    pub fn new<S: Into<String>>(strings: impl IntoIterator<Item = S>) -> Result<Self> {
+        let strings: Vec<String> = strings.into_iter().map(Into::into).collect();
+        if strings.is_empty() || strings.iter().any(String::is_empty) {
+            return Err(Error::setting("toy vocabulary", strings.len(), "non-empty strings, at least one"));
+        }
+        Ok(Self { strings })
+    }
+}
+
+impl Vocabulary for ToyVocab {
+    fn text(&self, ids: &[u32]) -> Result<String> {
+        ids.iter()
+            .map(|&id| {
+                let vocab = self.strings.len();
+                self.strings.get(id as usize).map(String::as_str).ok_or(Error::TokenOutOfRange { token: id, vocab })
+            })
+            .collect()
+    }
+
+    fn ids(&self, mut text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        while !text.is_empty() {
+            let best = (0..self.strings.len()).filter(|&i| text.starts_with(&self.strings[i]));
+            let Some(id) = best.max_by_key(|&i| (self.strings[i].len(), std::cmp::Reverse(i))) else {
+                return Err(Error::tokenizer(format!("the toy vocabulary cannot spell {text:?}")));
+            };
+            ids.push(id as u32);
+            text = &text[self.strings[id].len()..];
+        }
+        Ok(ids)
+    }
+
+    fn len(&self) -> usize {
+        self.strings.len()
     }
 }
 
