@@ -38,7 +38,9 @@ struct Args {
     /// (prompt lookup), ngram+model[:PATH] (lookup where the context repeats itself, the model
     /// elsewhere), layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
     /// on the target's hidden states: eagle:PATH, eagle3:PATH, medusa:PATH (a folder with
-    /// config.json and safetensors, or a hub id hf:org/name; scripts/train-heads.sh trains them).
+    /// config.json and safetensors, or a hub id hf:org/name; scripts/train-heads.sh trains them),
+    /// or cross:text:PATH / cross:intersection:PATH, a draft model with another tokenizer
+    /// (--draft with another tokenizer uses the intersection method by itself).
     #[arg(long, default_value = "model")]
     drafter: String,
     /// Weight format of the target: auto, f32 or stored. auto holds a --target as stored (a
@@ -142,7 +144,10 @@ fn main() -> Result<()> {
     let mut verifier = Llama::new(target_w.clone())?;
     let drafter = Drafter::build(&spec, &target_files, &mut verifier, &tokenizer, &device)
         .with_context(|| format!("building drafter {spec}"))?;
-    let draft_name = spec.to_string();
+    let draft_name = match drafter.note() {
+        Some(note) => format!("{spec} ({note})"),
+        None => spec.to_string(),
+    };
     let k_policy: KPolicy = args.k.parse()?;
     let tree: TreePolicy = args.tree.parse()?;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use candle_core::Device;
 
-use crate::draft::{LookupOr, NGramDraft};
+use crate::draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft};
 use crate::error::{Error, Result};
 #[cfg(feature = "heads")]
 use crate::heads::{EagleVersion, HeadDraft};
@@ -39,6 +39,11 @@ pub enum DrafterSpec {
     Eagle3(String),
     /// `medusa:PATH_OR_HUB_ID`: Medusa-1 heads on the target's final hidden states.
     Medusa(String),
+    /// `cross:METHOD:PATH_OR_HUB_ID`: a model with another tokenizer, proposing by `METHOD`
+    /// (`text` or `intersection`, see [`CrossVocabDraft`]). `model:PATH` chooses this by
+    /// itself, with the intersection method (the faster of the two on SmolLM2 drafting for
+    /// Qwen2.5-Coder-1.5B, greedy and sampled), when the tokenizers differ.
+    Cross(CrossMethod, String),
 }
 
 impl FromStr for DrafterSpec {
@@ -58,10 +63,15 @@ impl FromStr for DrafterSpec {
             ("eagle", Some(p)) => Ok(Self::Eagle(p.to_string())),
             ("eagle3", Some(p)) => Ok(Self::Eagle3(p.to_string())),
             ("medusa", Some(p)) => Ok(Self::Medusa(p.to_string())),
+            ("cross", Some(a)) => match a.split_once(':') {
+                Some((method, p)) => Ok(Self::Cross(method.parse()?, p.to_string())),
+                None => Err(Error::setting("drafter", s, "cross:text:PATH or cross:intersection:PATH")),
+            },
             _ => Err(Error::setting(
                 "drafter",
                 s,
-                "model[:PATH], ngram, ngram+model[:PATH], layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH or medusa:PATH",
+                "model[:PATH], ngram, ngram+model[:PATH], layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH, \
+                 medusa:PATH or cross:METHOD:PATH",
             )),
         }
     }
@@ -80,6 +90,7 @@ impl std::fmt::Display for DrafterSpec {
             Self::Eagle(p) => write!(f, "eagle:{p}"),
             Self::Eagle3(p) => write!(f, "eagle3:{p}"),
             Self::Medusa(p) => write!(f, "medusa:{p}"),
+            Self::Cross(m, p) => write!(f, "cross:{m}:{p}"),
         }
     }
 }
@@ -98,6 +109,8 @@ pub enum Drafter {
     /// An EAGLE or Medusa head (with the `heads` feature).
     #[cfg(feature = "heads")]
     Head(HeadDraft),
+    /// A model with another tokenizer.
+    Cross(CrossVocabDraft<Llama, Tokenizer>),
 }
 
 impl Drafter {
@@ -106,8 +119,8 @@ impl Drafter {
     /// [`Llama::record_hidden`]), which empties its context.
     ///
     /// # Errors
-    /// Loading failures; [`Error::TokenizerMismatch`] for a separate model with another
-    /// tokenizer; [`Error::HeadMismatch`] for a head made for another model;
+    /// Loading failures; [`Error::TokenizerMismatch`] for `ngram+model` with a model of
+    /// another tokenizer; [`Error::HeadMismatch`] for a head made for another model;
     /// [`Error::InvalidSetting`] for a head when the crate was built without `heads`.
     pub fn build(
         spec: &DrafterSpec,
@@ -131,22 +144,59 @@ impl Drafter {
             DrafterSpec::NGram => Self::NGram(NGramDraft::new(target.config().vocab_size)?),
             DrafterSpec::LayerSkip(n) => Self::Model(Llama::with_layers(weights, (0..*n).collect())?),
             DrafterSpec::Quant(format) => Self::Model(Llama::new(files.load(*format, device)?.0)?),
-            DrafterSpec::Model(path) => Self::Model(model_draft(path.as_deref(), files, tokenizer, device)?),
-            DrafterSpec::LookupModel(path) => {
-                Self::Lookup(LookupOr::new(model_draft(path.as_deref(), files, tokenizer, device)?)?)
+            DrafterSpec::Model(None) => Self::Model(Llama::new(files.load(WeightFormat::Stored, device)?.0)?),
+            DrafterSpec::Model(Some(path)) => {
+                let (draft, draft_tok) = model_draft(path, device)?;
+                match check_compatible((path, &draft_tok), (&files.name(), tokenizer)) {
+                    Ok(()) => Self::Model(draft),
+                    Err(Error::TokenizerMismatch { .. }) => {
+                        Self::cross(draft, draft_tok, tokenizer, target, CrossMethod::Intersection)?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            DrafterSpec::Cross(method, path) => {
+                let (draft, draft_tok) = model_draft(path, device)?;
+                Self::cross(draft, draft_tok, tokenizer, target, *method)?
+            }
+            DrafterSpec::LookupModel(None) => {
+                Self::Lookup(LookupOr::new(Llama::new(files.load(WeightFormat::Stored, device)?.0)?)?)
+            }
+            DrafterSpec::LookupModel(Some(path)) => {
+                let (draft, draft_tok) = model_draft(path, device)?;
+                check_compatible((path, &draft_tok), (&files.name(), tokenizer))?;
+                Self::Lookup(LookupOr::new(draft)?)
             }
         })
     }
+
+    fn cross(
+        draft: Llama,
+        draft_tok: Tokenizer,
+        tokenizer: &Tokenizer,
+        target: &Llama,
+        method: CrossMethod,
+    ) -> Result<Self> {
+        let target_len = target.config().vocab_size;
+        Ok(Self::Cross(CrossVocabDraft::new(draft, draft_tok, tokenizer.clone(), target_len, method)?))
+    }
+
+    /// What the drafter does beyond its spec, for a status line: the cross-vocabulary method
+    /// and how many token strings the vocabularies share.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            Self::Cross(c) => {
+                Some(format!("another tokenizer: {} drafts, {} shared token strings", c.method(), c.map().shared()))
+            }
+            _ => None,
+        }
+    }
 }
 
-/// The model draft at `path`, checked against the target's tokenizer, or (no path) the
-/// target's own file with its weights as stored.
-fn model_draft(path: Option<&str>, files: &ModelFiles, tokenizer: &Tokenizer, device: &Device) -> Result<Llama> {
-    let Some(path) = path else { return Llama::new(files.load(WeightFormat::Stored, device)?.0) };
-    let draft_files = ModelFiles::resolve(path)?;
-    let (weights, draft_tok) = draft_files.load(WeightFormat::Stored, device)?;
-    check_compatible((&draft_files.name(), &draft_tok), (&files.name(), tokenizer))?;
-    Llama::new(weights)
+/// The model draft at `path` with its weights as stored, and its tokenizer.
+fn model_draft(path: &str, device: &Device) -> Result<(Llama, Tokenizer)> {
+    let (weights, draft_tok) = ModelFiles::resolve(path)?.load(WeightFormat::Stored, device)?;
+    Ok((Llama::new(weights)?, draft_tok))
 }
 
 impl DraftModel for Drafter {
@@ -157,6 +207,7 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.vocab_size(),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.vocab_size(),
+            Self::Cross(c) => c.vocab_size(),
         }
     }
 
@@ -167,6 +218,7 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.context_len(),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.context_len(),
+            Self::Cross(c) => c.context_len(),
         }
     }
 
@@ -177,6 +229,7 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.propose(tokens),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.propose(tokens),
+            Self::Cross(c) => c.propose(tokens),
         }
     }
 
@@ -187,6 +240,7 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.truncate(len),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.truncate(len),
+            Self::Cross(c) => c.truncate(len),
         }
     }
 
@@ -197,6 +251,7 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.propose_tree(tokens, budget, picker),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.propose_tree(tokens, budget, picker),
+            Self::Cross(c) => c.propose_tree(tokens, budget, picker),
         }
     }
 }

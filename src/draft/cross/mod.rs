@@ -271,34 +271,43 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         self.cont_from = d;
         self.anchor = t.saturating_sub(3);
         self.cont_done = false;
-        if self.draft_ids.len() > d {
-            self.replan()?;
-        }
-        Ok(())
+        self.replan()
+    }
+
+    /// The draft's next greedy token, from the row it already has (no forward pass).
+    fn peek(&self) -> Result<Option<u32>> {
+        let next = match &self.row {
+            Some(Proposal::Logits(row)) => Some(argmax(&row[..self.draft_vocab.len().min(row.len())])?),
+            Some(Proposal::Token(t)) => Some(*t),
+            Some(Proposal::Nothing) | None => None,
+        };
+        Ok(next.filter(|&t| (t as usize) < self.draft_vocab.len()))
     }
 
     /// Extends the draft's continuation by one greedy token.
     fn draft_one(&mut self) -> Result<()> {
-        let next = match self.draft_row()? {
-            Some(Proposal::Logits(row)) => Some(argmax(&row[..self.draft_vocab.len().min(row.len())])?),
-            Some(Proposal::Token(t)) => Some(t),
-            Some(Proposal::Nothing) | None => None,
-        };
-        match next {
-            Some(t) if (t as usize) < self.draft_vocab.len() => self.push_draft(&[t]),
-            _ => {
+        self.draft_row()?;
+        match self.peek()? {
+            Some(t) => self.push_draft(&[t]),
+            None => {
                 self.cont_done = true;
                 Ok(())
             }
         }
     }
 
-    /// Re-tokenizes the anchor's text and the draft's continuation with the target's
-    /// tokenizer; the plan is what follows the anchor's own tokens, less the last token (the
-    /// continuation may extend it) unless the continuation has ended.
+    /// Re-tokenizes the anchor's text and the draft's continuation, with the token the draft
+    /// will choose next (known from its last row), with the target's tokenizer. The plan is
+    /// what follows the anchor's own tokens, less the last token (the text that follows may
+    /// extend it) unless the continuation ends in a special token (an end of turn) or is that
+    /// one next token alone: a plan's first proposal then costs no draft step beyond the one
+    /// that brought the draft up to the context, and is wrong only where the target's token
+    /// would also take in text the draft has not written yet.
     fn replan(&mut self) -> Result<()> {
-        let cont = self.draft_ids.len();
-        let Some(text) = text_within(&self.draft_vocab, &self.draft_ids, self.cont_from, cont)? else {
+        let from = self.cont_from.saturating_sub(3);
+        let mut cont: Vec<u32> = self.draft_ids[from..].to_vec();
+        cont.extend(self.peek()?);
+        let Some(text) = text_within(&self.draft_vocab, &cont, self.cont_from - from, cont.len())? else {
             return Ok(()); // ends inside a character: wait for the next token
         };
         let Some(anchor) = text_within(&self.target_vocab, &self.ctx, self.anchor, self.plan_at)? else {
@@ -314,9 +323,10 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
             return Ok(());
         }
         let mut plan = ids[anchor_ids.len()..].to_vec();
-        if self.draft_ids[self.cont_from..].last().is_some_and(|&t| self.draft_vocab.is_special(t)) {
+        let drafted = cont.len() - (self.cont_from - from);
+        if drafted > 0 && cont.last().is_some_and(|&t| self.draft_vocab.is_special(t)) {
             self.cont_done = true; // an end of turn or of text: the plan is complete
-        } else {
+        } else if drafted > 1 {
             plan.pop();
         }
         self.plan = plan;

@@ -1,0 +1,65 @@
+//! Real pairs with different tokenizers: SmolLM2-135M (49,152 tokens) drafting for
+//! Qwen2.5-Coder-1.5B (151,936) and for Gemma-3-270M (262,144), both methods, through
+//! [`Drafter::build`] as `llama_spec` builds it. Greedy speculative output equals plain.
+
+mod common;
+
+use common::models::{model_path, GEMMA3, QWEN_1_5B, SMOLLM2};
+use specdec::{
+    CrossMethod, Drafter, DrafterSpec, Engine, Llama, ModelFiles, PlainDecoder, Result, SamplingConfig,
+    SpeculativeDecoder, WeightFormat,
+};
+
+/// Greedy output of `target` with SmolLM2 drafting by `method` equals plain greedy output,
+/// and the drafter proposed and had tokens accepted.
+fn greedy_equals_plain(target: &str, method: Option<CrossMethod>, prompt: &str, n: usize) -> Result<()> {
+    let (Some(target_path), Some(draft_path)) = (model_path(target), model_path(SMOLLM2)) else { return Ok(()) };
+    let device = candle_core::Device::Cpu;
+    let files = ModelFiles::Gguf(target_path);
+    let (weights, tokenizer) = files.load_with(WeightFormat::Stored, &device, Engine::Native)?;
+    let draft = draft_path.to_string_lossy().to_string();
+    let spec = match method {
+        Some(m) => DrafterSpec::Cross(m, draft),
+        None => DrafterSpec::Model(Some(draft)),
+    };
+    let mut verifier = Llama::new(weights.clone())?;
+    let drafter = Drafter::build(&spec, &files, &mut verifier, &tokenizer, &device)?;
+    let note = drafter.note().expect("another tokenizer is noted");
+    assert!(note.contains(&method.unwrap_or(CrossMethod::Intersection).to_string()), "{note}");
+    let ids = tokenizer.encode(&tokenizer.chat_prompt(prompt))?;
+    let plain = PlainDecoder::new(Llama::new(weights)?, SamplingConfig::greedy()).max_new_tokens(n).generate(&ids)?;
+    let mut dec = SpeculativeDecoder::builder(drafter, verifier).k(3).max_new_tokens(n).build()?;
+    let out = dec.generate(&ids)?;
+    assert_eq!(tokenizer.decode(&out.tokens)?, tokenizer.decode(&plain.tokens)?, "{target}, {spec}");
+    assert_eq!(out.tokens, plain.tokens, "{target}, {spec}");
+    let s = &out.stats;
+    eprintln!("{target}, {spec}: {} drafted, {} accepted", s.drafted, s.accepted);
+    assert!(s.drafted > 0 && s.accepted > 0, "{target}, {spec}: {s:?}");
+    Ok(())
+}
+
+#[test]
+fn smollm2_drafts_for_qwen_by_text_and_by_intersection() -> Result<()> {
+    let prompt = "Write a Python function that returns the n-th Fibonacci number.";
+    greedy_equals_plain(QWEN_1_5B, Some(CrossMethod::Text), prompt, 32)?;
+    greedy_equals_plain(QWEN_1_5B, Some(CrossMethod::Intersection), prompt, 32)
+}
+
+#[test]
+fn smollm2_drafts_for_gemma_chosen_by_itself() -> Result<()> {
+    let prompt = "Explain how a refrigerator works, step by step.";
+    greedy_equals_plain(GEMMA3, None, prompt, 32)?;
+    greedy_equals_plain(GEMMA3, Some(CrossMethod::Text), prompt, 32)
+}
+
+#[test]
+fn ngram_plus_a_model_of_another_tokenizer_is_refused() -> Result<()> {
+    let (Some(target_path), Some(draft_path)) = (model_path(GEMMA3), model_path(SMOLLM2)) else { return Ok(()) };
+    let device = candle_core::Device::Cpu;
+    let files = ModelFiles::Gguf(target_path);
+    let (weights, tokenizer) = files.load(WeightFormat::Stored, &device)?;
+    let spec = DrafterSpec::LookupModel(Some(draft_path.to_string_lossy().to_string()));
+    let err = Drafter::build(&spec, &files, &mut Llama::new(weights)?, &tokenizer, &device).unwrap_err();
+    assert!(matches!(err, specdec::Error::TokenizerMismatch { .. }), "{err}");
+    Ok(())
+}
