@@ -7,7 +7,7 @@ mod common;
 use common::models::{model_path, GEMMA3, QWEN_1_5B, SMOLLM2};
 use specdec::{
     CrossMethod, Drafter, DrafterSpec, Engine, Llama, ModelFiles, PlainDecoder, Result, SamplingConfig,
-    SpeculativeDecoder, WeightFormat,
+    SpeculativeDecoder, VocabMap, WeightFormat,
 };
 
 /// Greedy output of `target` with SmolLM2 drafting by `method` equals plain greedy output,
@@ -50,6 +50,23 @@ fn smollm2_drafts_for_gemma_chosen_by_itself() -> Result<()> {
     let prompt = "Explain how a refrigerator works, step by step.";
     greedy_equals_plain(GEMMA3, None, prompt, 32)?;
     greedy_equals_plain(GEMMA3, Some(CrossMethod::Text), prompt, 32)
+}
+
+/// The map from SmolLM2's strings to Qwen's: the shared count (reported, not asserted: it
+/// depends only on the two files) and its build time, printed for the notes.
+#[test]
+fn the_smollm2_to_qwen_map_is_built_once_and_quickly() -> Result<()> {
+    let (Some(target_path), Some(draft_path)) = (model_path(QWEN_1_5B), model_path(SMOLLM2)) else { return Ok(()) };
+    let (target, draft) = (ModelFiles::Gguf(target_path).tokenizer()?, ModelFiles::Gguf(draft_path).tokenizer()?);
+    let start = std::time::Instant::now();
+    let map = VocabMap::new(&draft, &target)?;
+    eprintln!("SmolLM2 → Qwen map: {} shared strings, built in {:.3} s", map.shared(), start.elapsed().as_secs_f64());
+    // Words, code and ChatML's turn tokens are shared.
+    for s in [" the", "def", "<|im_end|>", "    "] {
+        let (d, t) = (draft.token_to_id(&s.replace(' ', "Ġ")), target.token_to_id(&s.replace(' ', "Ġ")));
+        assert_eq!(map.target_of(d.expect(s)), t, "{s:?}");
+    }
+    Ok(())
 }
 
 #[test]
