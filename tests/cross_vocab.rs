@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::faulty::{Fault as FaultKind, Faulty};
 use common::{assert_rejects, check_windows, exact_window, settings, window_counts};
 use specdec::toy::{MarkovModel, ToyVocab};
 use specdec::tree::ChildPicker;
@@ -198,6 +199,25 @@ fn a_draft_that_cannot_spell_the_targets_text_is_a_typed_error() -> Result<()> {
     match dec.generate(&PROMPT) {
         Err(Error::Tokenizer { message, .. }) => assert!(message.contains("cannot spell"), "{message}"),
         other => panic!("expected a tokenizer error, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_failing_draft_model_leaves_the_drafter_usable() -> Result<()> {
+    let target = MarkovModel::random(TARGET.len(), 2, 8);
+    let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&PROMPT)?;
+    for method in [CrossMethod::Text, CrossMethod::Intersection] {
+        for fail_at in [1, 2, 3, 5, 8] {
+            let inner = MarkovModel::random(DRAFT.len(), 2, 9);
+            let faulty = Faulty { inner, calls: 0, fail_at, fault: FaultKind::Fails };
+            let (d, t) = vocabs()?;
+            let draft = CrossVocabDraft::new(faulty, d, t, TARGET.len(), method)?;
+            let mut dec = SpeculativeDecoder::builder(draft, target.clone()).k(3).max_new_tokens(30).build()?;
+            assert!(dec.generate(&PROMPT).is_err(), "{method}, call {fail_at} fails");
+            let out = dec.generate(&PROMPT)?;
+            assert_eq!(out.tokens, plain.tokens, "{method}, after a failure at call {fail_at}");
+        }
     }
     Ok(())
 }

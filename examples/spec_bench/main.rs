@@ -33,8 +33,9 @@ struct Args {
     /// users run it).
     #[arg(long, default_value = "f32")]
     target_format: String,
-    /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE, and draft heads
-    /// eagle:PATH, eagle3:PATH, medusa:PATH (scripts/train-heads.sh trains them).
+    /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE, draft heads
+    /// eagle:PATH, eagle3:PATH, medusa:PATH (scripts/train-heads.sh trains them), and models
+    /// with another tokenizer cross:text:PATH, cross:intersection:PATH.
     #[arg(long, default_value = "model,quant:q8_0,quant:q4_0,ngram")]
     drafters: String,
     /// Values of k, comma-separated: N, auto, grow.
@@ -197,6 +198,9 @@ fn main() -> Result<()> {
                 let (k, tree) = (k.parse::<KPolicy>()?, tree.parse::<TreePolicy>()?);
                 let mut verifier = Llama::new(target.clone())?;
                 let drafter = Drafter::build(&spec, &files, &mut verifier, &tok, &device)?;
+                if let Some(note) = drafter.note() {
+                    eprintln!("  {spec}: {note}");
+                }
                 let mut dec = SpeculativeDecoder::builder(drafter, verifier)
                     .k_policy(k)
                     .tree(tree)

@@ -192,11 +192,28 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         Ok(())
     }
 
-    /// Feeds draft tokens and keeps the row that follows them.
+    /// Feeds draft tokens and keeps the row that follows them. A failure rolls the draft back
+    /// to what it held before, so the next call starts from a consistent state.
     fn push_draft(&mut self, ids: &[u32]) -> Result<()> {
-        self.draft_ids.extend_from_slice(ids);
-        self.row = Some(self.draft.propose(ids)?);
-        Ok(())
+        match self.draft.propose(ids) {
+            Ok(row) => {
+                self.draft_ids.extend_from_slice(ids);
+                self.row = Some(row);
+                Ok(())
+            }
+            Err(e) => {
+                let held = self.draft_ids.len();
+                self.row = None;
+                self.draft.truncate(held.min(self.draft.context_len()))?;
+                self.draft_ids.truncate(self.draft.context_len());
+                let len = self.draft_ids.len();
+                self.synced.retain(|&(_, d)| d <= len);
+                if self.synced.is_empty() {
+                    self.synced.push((0, 0));
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The draft's row after everything it holds (re-feeding its last token when the row was
