@@ -12,8 +12,8 @@ use common::{assert_rejects, check_windows, exact_window, settings, window_count
 use specdec::toy::{MarkovModel, ToyVocab};
 use specdec::tree::ChildPicker;
 use specdec::{
-    CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder, Proposal, Result,
-    SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, Vocabulary,
+    BatchDecoder, BatchPolicy, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder,
+    Proposal, Request, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, Vocabulary,
 };
 
 const TARGET: [&str; 6] = ["a", "b", "c", "ab", "bc", "ca"];
@@ -199,6 +199,32 @@ fn a_draft_that_cannot_spell_the_targets_text_is_a_typed_error() -> Result<()> {
     match dec.generate(&PROMPT) {
         Err(Error::Tokenizer { message, .. }) => assert!(message.contains("cannot spell"), "{message}"),
         other => panic!("expected a tokenizer error, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn batches_with_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
+    let target = MarkovModel::random(TARGET.len(), 2, 31);
+    let prompts = [PROMPT.to_vec(), vec![3, 3, 0], vec![5, 1]];
+    for policy in [BatchPolicy::Fixed(3), BatchPolicy::Adaptive { max_k: 5 }] {
+        let mut batch = BatchDecoder::new(policy)?;
+        let mut want = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let method = if i % 2 == 0 { CrossMethod::Text } else { CrossMethod::Intersection };
+            let draft = cross(MarkovModel::random(DRAFT.len(), 2, 32 + i as u64), method)?;
+            let id = batch.add(draft, target.clone(), Request::new(p.clone()).max_new_tokens(20))?;
+            let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(20).generate(p)?;
+            want.push((id, plain.tokens));
+        }
+        let done = batch.run()?;
+        for (id, tokens) in want {
+            let got = done.iter().find(|f| f.id == id).expect("every sequence finishes");
+            assert_eq!(got.generation.tokens, tokens, "{policy:?}, sequence {id:?}");
+        }
+        // The adaptive policy may judge drafting not worth it on these toy costs.
+        let accepted: usize = done.iter().map(|f| f.generation.stats.accepted).sum();
+        assert!(accepted > 0 || policy != BatchPolicy::Fixed(3), "{policy:?}: nothing accepted");
     }
     Ok(())
 }

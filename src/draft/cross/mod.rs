@@ -22,7 +22,7 @@ pub use vocab::{VocabMap, Vocabulary};
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::model::{DraftModel, Proposal};
+use crate::model::{BatchDraft, DraftModel, Proposal};
 use crate::sampling::argmax;
 use vocab::text_within;
 
@@ -350,6 +350,9 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         Ok(())
     }
 }
+
+/// In a [`BatchDecoder`](crate::BatchDecoder), each sequence's drafter proposes on its own.
+impl<D: DraftModel, V: Vocabulary> BatchDraft for CrossVocabDraft<D, V> {}
 
 impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
     fn vocab_size(&self) -> usize {
