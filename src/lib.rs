@@ -57,13 +57,14 @@
 //! - [`sampling`]: temperature, top-k, top-p, applied alike to draft and target; coupled noise.
 //! - [`tree`]: trees of drafts ([`DraftTree`], [`TreeBudget`]) and a tree call's layout
 //!   ([`TreeShape`]).
-//! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits.
+//! - [`model`]: the [`TargetModel`] and [`DraftModel`] traits, and [`Vocabulary`] (a
+//!   tokenizer as a cross-vocabulary drafter reads it).
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline; [`stop`]:
 //!   [`StopRule`].
 //! - [`batch`]: [`BatchDecoder`], several sequences per target pass, and [`BatchPolicy`], the
 //!   k of each that pays at the batch's size.
-//! - [`draft`]: [`NGramDraft`] (prompt lookup) and [`LookupOr`] (lookup where it matches, a
-//!   model elsewhere).
+//! - [`draft`]: [`NGramDraft`] (prompt lookup), [`LookupOr`] (lookup where it matches, a
+//!   model elsewhere) and [`CrossVocabDraft`] (a draft model with another tokenizer).
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings, the [`Clock`] they are read on, and the seed's speedup
 //!   formulas.
@@ -133,13 +134,13 @@ pub mod tree;
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder};
-pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabMap, Vocabulary};
+pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabMap};
 #[cfg(feature = "llama")]
 pub use drafter::{Drafter, DrafterSpec};
 pub use error::{Error, Result};
 #[cfg(feature = "llama")]
 pub use loading::{check_compatible, device, ModelFiles};
-pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};
+pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, Vocabulary};
 #[cfg(feature = "models")]
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;

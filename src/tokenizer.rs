@@ -8,8 +8,8 @@ use std::str::FromStr;
 use candle_core::quantized::gguf_file::Value;
 use serde_json::{json, Value as Json};
 
-use crate::draft::Vocabulary;
 use crate::error::{BoxError, Error, Result};
+use crate::model::Vocabulary;
 
 /// A tokenizer plus what generation needs from it.
 #[derive(Clone)]

@@ -5,9 +5,8 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::draft::Vocabulary;
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel};
+use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, Vocabulary};
 
 /// A Markov model over `vocab` tokens whose next-token row depends on the last `order` tokens
 /// (missing positions at the start of a context count as token 0).

@@ -1,10 +1,13 @@
-//! The two roles a model plays: the target that verifies and the draft that proposes.
+//! The two roles a model plays: the target that verifies and the draft that proposes; and
+//! the tokenizer's, [`Vocabulary`], for drafts over another vocabulary.
 
 mod expand;
+mod vocab;
 
 pub use expand::expand_tree;
 #[cfg(feature = "heads")]
 pub(crate) use expand::grow;
+pub use vocab::Vocabulary;
 
 use crate::error::{Error, Result};
 use crate::tree::{ChildPicker, DraftTree, TreeBudget, TreeShape};

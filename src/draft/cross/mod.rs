@@ -17,12 +17,12 @@
 
 mod vocab;
 
-pub use vocab::{VocabMap, Vocabulary};
+pub use vocab::VocabMap;
 
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, DraftModel, Proposal};
+use crate::model::{BatchDraft, DraftModel, Proposal, Vocabulary};
 use crate::sampling::argmax;
 use vocab::text_within;
 
@@ -150,11 +150,16 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         &self.draft
     }
 
+    /// The last synced point (the start point is never removed).
+    fn last_synced(&self) -> (usize, usize) {
+        self.synced.last().copied().unwrap_or((0, 0))
+    }
+
     /// Brings the draft to the text of the whole context (or of all but its last few tokens
     /// while they end inside a character): the text since the last synced point is
     /// re-tokenized, the draft keeps what it holds of that, and the rest is fed.
     fn sync(&mut self) -> Result<()> {
-        let (t0, d0) = *self.synced.last().expect("the start point is never removed");
+        let (t0, d0) = self.last_synced();
         let end = self.ctx.len();
         let mut found = None;
         for t1 in (t0.max(end.saturating_sub(4))..=end).rev() {
@@ -281,7 +286,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
     /// drafted greedily after the same text, so they are the continuation's start.
     fn new_plan(&mut self) -> Result<()> {
         self.sync()?;
-        let (t, d) = *self.synced.last().expect("the start point is never removed");
+        let (t, d) = self.last_synced();
         self.planned = true;
         self.plan.clear();
         self.plan_at = t;

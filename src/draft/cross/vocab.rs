@@ -1,45 +1,10 @@
-//! What a cross-vocabulary drafter needs of a tokenizer ([`Vocabulary`]), the map between two
-//! vocabularies' shared token strings ([`VocabMap`]), and the text of a stretch of tokens.
+//! The map between two vocabularies' shared token strings ([`VocabMap`]), and the text of a
+//! stretch of tokens.
 
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-
-/// A tokenizer as a cross-vocabulary drafter uses it: token ids to text and back.
-///
-/// [`Tokenizer`](crate::Tokenizer) is one (with the `llama` feature); tests use
-/// [`ToyVocab`](crate::toy::ToyVocab).
-pub trait Vocabulary {
-    /// The text of `ids`, special tokens written out (`<|im_end|>`).
-    ///
-    /// # Errors
-    /// Ids outside the vocabulary, decoder failures.
-    fn text(&self, ids: &[u32]) -> Result<String>;
-
-    /// `text` as ids, without a start token; special tokens written in it become their ids.
-    ///
-    /// # Errors
-    /// Encoder failures.
-    fn ids(&self, text: &str) -> Result<Vec<u32>>;
-
-    /// How many ids the vocabulary has.
-    fn len(&self) -> usize;
-
-    /// Whether the vocabulary is empty.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The ids a context starts with (a start token), before any text.
-    fn start(&self) -> Vec<u32> {
-        Vec::new()
-    }
-
-    /// Whether `id` is a special token (an end of turn or of text, not plain text).
-    fn is_special(&self, _id: u32) -> bool {
-        false
-    }
-}
+use crate::model::Vocabulary;
 
 /// The text of `ids[from..to]` as it reads inside `ids`: decoded with a few tokens before it,
 /// whose own text is then cut off, so that word-start rules (a SentencePiece decoder dropping
