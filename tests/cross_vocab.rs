@@ -248,6 +248,47 @@ fn a_failing_draft_model_leaves_the_drafter_usable() -> Result<()> {
     Ok(())
 }
 
+/// A draft model whose context holds at most `max` tokens.
+struct Short(MarkovModel, usize);
+
+impl DraftModel for Short {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab()
+    }
+
+    fn context_len(&self) -> usize {
+        self.0.context().len()
+    }
+
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        let len = self.0.context().len() + tokens.len();
+        if len > self.1 {
+            return Err(Error::ContextTooLong { len, max: self.1 });
+        }
+        self.0.propose(tokens)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        DraftModel::truncate(&mut self.0, len)
+    }
+}
+
+#[test]
+fn a_draft_whose_context_fills_first_leaves_the_target_decoding_alone() -> Result<()> {
+    let target = MarkovModel::random(TARGET.len(), 2, 12);
+    let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&PROMPT)?;
+    for method in [CrossMethod::Text, CrossMethod::Intersection] {
+        let (d, t) = vocabs()?;
+        let draft =
+            CrossVocabDraft::new(Short(MarkovModel::random(DRAFT.len(), 2, 13), 24), d, t, TARGET.len(), method)?;
+        let mut dec = SpeculativeDecoder::builder(draft, target.clone()).k(3).max_new_tokens(40).build()?;
+        let out = dec.generate(&PROMPT)?;
+        assert_eq!(out.tokens, plain.tokens, "{method}");
+        assert!(out.stats.drafted > 0, "{method}: drafted before the draft's context filled");
+    }
+    Ok(())
+}
+
 #[test]
 fn bad_settings_are_errors() -> Result<()> {
     let (d, t) = vocabs()?;

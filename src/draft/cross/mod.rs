@@ -373,9 +373,15 @@ impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
             return Err(Error::TokenOutOfRange { token: bad, vocab: self.target_len });
         }
         self.ctx.extend_from_slice(tokens);
-        match self.method {
+        let proposal = match self.method {
             CrossMethod::Text => self.propose_text(),
             CrossMethod::Intersection => self.propose_intersection(),
+        };
+        match proposal {
+            // The draft's tokens fill its context before the target's do (its vocabulary may
+            // split the text finer): from there on the target decodes alone.
+            Err(Error::ContextTooLong { .. }) => Ok(Proposal::Nothing),
+            other => other,
         }
     }
 
