@@ -306,3 +306,54 @@ fn bad_settings_are_errors() -> Result<()> {
     assert_eq!(ToyVocab::new(TARGET)?.ids("abca")?, [3, 5]);
     Ok(())
 }
+
+/// A vocabulary over "a b c": the three letters, then `extra` random strings of 2–3 letters.
+fn random_vocab(extra: &[(u8, u8, u8, bool)]) -> Result<ToyVocab> {
+    let letter = |x: u8| ["a", "b", "c"][x as usize % 3];
+    let mut strings: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    for &(x, y, z, long) in extra {
+        let s = if long {
+            format!("{}{}{}", letter(x), letter(y), letter(z))
+        } else {
+            format!("{}{}", letter(x), letter(y))
+        };
+        if !strings.contains(&s) {
+            strings.push(s);
+        }
+    }
+    ToyVocab::new(strings)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Any two vocabularies over the same letters, any models, any failing draft call: no
+    /// panic, and every generation that succeeds equals plain greedy decoding.
+    #[test]
+    fn any_pair_of_vocabularies_decodes_greedily_as_plain(
+        target_extra in proptest::collection::vec(proptest::prelude::any::<(u8, u8, u8, bool)>(), 0..6),
+        draft_extra in proptest::collection::vec(proptest::prelude::any::<(u8, u8, u8, bool)>(), 0..6),
+        seed in 0u64..1000,
+        fail_at in 0usize..12,
+        k in 1usize..6,
+        text in proptest::prelude::any::<bool>(),
+    ) {
+        let (tv, dv) = (random_vocab(&target_extra).unwrap(), random_vocab(&draft_extra).unwrap());
+        let target = MarkovModel::random(tv.len(), 2, seed);
+        let prompt = [0u32, 1, 2, 0];
+        let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(24).generate(&prompt).unwrap();
+        let method = if text { CrossMethod::Text } else { CrossMethod::Intersection };
+        let faulty = Faulty { inner: MarkovModel::random(dv.len(), 2, seed + 1), calls: 0, fail_at, fault: FaultKind::Fails };
+        let target_len = tv.len();
+        let draft = CrossVocabDraft::new(faulty, dv, tv, target_len, method).unwrap();
+        let mut dec = SpeculativeDecoder::builder(draft, target).k(k).max_new_tokens(24).build().unwrap();
+        for _ in 0..2 {
+            if let Ok(out) = dec.generate(&prompt) {
+                proptest::prop_assert_eq!(&out.tokens, &plain.tokens);
+            }
+        }
+        // After the one failure, generations succeed.
+        let out = dec.generate(&prompt).unwrap();
+        proptest::prop_assert_eq!(&out.tokens, &plain.tokens);
+    }
+}

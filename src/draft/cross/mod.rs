@@ -209,6 +209,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
             Err(e) => {
                 let held = self.draft_ids.len();
                 self.row = None;
+                self.planned = false;
                 self.draft.truncate(held.min(self.draft.context_len()))?;
                 self.draft_ids.truncate(self.draft.context_len());
                 let len = self.draft_ids.len();
