@@ -31,10 +31,7 @@ impl StopRule {
     }
 
     pub(crate) fn check(&self, vocab: usize) -> Result<()> {
-        match self.stop_tokens.iter().find(|&&t| t as usize >= vocab) {
-            Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
-            None => Ok(()),
-        }
+        check_tokens(&self.stop_tokens, vocab)
     }
 }
 
@@ -43,7 +40,12 @@ pub(crate) fn check_prompt(prompt: &[u32], vocab: usize) -> Result<()> {
     if prompt.is_empty() {
         return Err(Error::EmptyPrompt);
     }
-    match prompt.iter().find(|&&t| t as usize >= vocab) {
+    check_tokens(prompt, vocab)
+}
+
+/// Checks tokens against a vocabulary: [`Error::TokenOutOfRange`] for the first outside it.
+pub(crate) fn check_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
         Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
         None => Ok(()),
     }

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal};
+use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// An n-gram drafter: for n from `max_n` down to `min_n`, it looks for the most recent earlier
@@ -124,9 +125,7 @@ impl DraftModel for NGramDraft {
     }
 
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(Error::TokenOutOfRange { token, vocab: self.vocab });
-        }
+        check_tokens(tokens, self.vocab)?;
         self.ctx.extend_from_slice(tokens);
         Ok(self.lookup().map_or(Proposal::Nothing, Proposal::Token))
     }

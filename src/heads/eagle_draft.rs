@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::model::grow;
 use crate::model::{DraftModel, Proposal};
 use crate::models::Features;
+use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// An EAGLE head drafting for the target whose hidden states `features` records.
@@ -176,14 +177,6 @@ impl DraftModel for EagleDraft {
         let Some(root) = self.absorb(tokens)? else { return Ok(DraftTree::new()) };
         let row = self.head.logits(&root)?.swap_remove(0);
         self.grow_tree(row, root, budget, picker)
-    }
-}
-
-/// Checks tokens against a vocabulary.
-pub(crate) fn check_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
-    match tokens.iter().find(|&&t| t as usize >= vocab) {
-        Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
-        None => Ok(()),
     }
 }
 

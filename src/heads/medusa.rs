@@ -8,12 +8,12 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use super::config::HeadFiles;
-use super::eagle_draft::check_tokens;
 use super::target::{cut_rows, draft_vocab, widen, HeadMatrix, Proj, TargetParts};
 use crate::error::{Error, Result};
 use crate::model::grow;
 use crate::model::{DraftModel, Proposal};
 use crate::models::Features;
+use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// One Medusa head: residual blocks `x + SiLU(W x + b)`, then an output head (its own, or the

@@ -24,6 +24,7 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, DraftModel, Proposal, Vocabulary};
 use crate::sampling::argmax;
+use crate::stop::check_tokens;
 use vocab::text_within;
 
 /// How a [`CrossVocabDraft`] proposes.
@@ -82,10 +83,12 @@ pub struct CrossVocabDraft<D, V> {
     /// Text method: the target tokens planned from context position `plan_at` on.
     plan: Vec<u32>,
     plan_at: usize,
-    /// Text method: the draft tokens where the plan's continuation starts, and the target
-    /// tokens the plan's text is anchored to (`ctx[anchor..plan_at]`).
+    /// Text method: the draft tokens where the plan's continuation starts, the target tokens
+    /// the plan's text is anchored to (`ctx[anchor..plan_at]`), and their text (`None` when it
+    /// starts or ends inside a character).
     cont_from: usize,
     anchor: usize,
+    anchor_text: Option<String>,
     /// Text method: whether a plan was started since the context was last emptied, and whether
     /// its continuation ended (a special token, no proposal, or a merge into the anchor).
     planned: bool,
@@ -124,6 +127,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
             plan_at: 0,
             cont_from: 0,
             anchor: 0,
+            anchor_text: None,
             planned: false,
             cont_done: false,
         };
@@ -222,24 +226,26 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         }
     }
 
-    /// The draft's row after everything it holds (re-feeding its last token when the row was
-    /// dropped); `None` when it holds nothing.
-    fn draft_row(&mut self) -> Result<Option<Proposal>> {
+    /// Makes sure the draft's row after everything it holds is at hand (re-feeding its last
+    /// token when the row was dropped); it stays `None` only when the draft holds nothing.
+    fn ensure_row(&mut self) -> Result<()> {
         if self.row.is_none() {
-            let Some(&last) = self.draft_ids.last() else { return Ok(None) };
+            let Some(&last) = self.draft_ids.last() else { return Ok(()) };
             let n = self.draft_ids.len() - 1;
             self.draft_ids.truncate(n);
             self.draft.truncate(n)?;
             self.push_draft(&[last])?;
         }
-        Ok(self.row.clone())
+        Ok(())
     }
 
     fn propose_intersection(&mut self) -> Result<Proposal> {
         self.sync()?;
-        Ok(match self.draft_row()? {
-            Some(Proposal::Logits(row)) if row.len() >= self.draft_vocab.len() => {
-                let row = self.map.target_row(&row[..self.draft_vocab.len()], self.target_len);
+        self.ensure_row()?;
+        let n = self.draft_vocab.len();
+        Ok(match &self.row {
+            Some(Proposal::Logits(row)) if row.len() >= n => {
+                let row = self.map.target_row(&row[..n], self.target_len);
                 if row.iter().all(|l| *l == f32::NEG_INFINITY) {
                     Proposal::Nothing
                 } else {
@@ -247,14 +253,9 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
                 }
             }
             Some(Proposal::Logits(row)) => {
-                return Err(Error::BadModelOutput {
-                    model: "draft",
-                    what: "logits",
-                    expected: self.draft_vocab.len(),
-                    got: row.len(),
-                })
+                return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: n, got: row.len() })
             }
-            Some(Proposal::Token(t)) => self.map.target_of(t).map_or(Proposal::Nothing, Proposal::Token),
+            Some(Proposal::Token(t)) => self.map.target_of(*t).map_or(Proposal::Nothing, Proposal::Token),
             Some(Proposal::Nothing) | None => Proposal::Nothing,
         })
     }
@@ -293,6 +294,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         self.plan_at = t;
         self.cont_from = d;
         self.anchor = t.saturating_sub(3);
+        self.anchor_text = text_within(&self.target_vocab, &self.ctx, self.anchor, t)?;
         self.cont_done = false;
         self.replan()
     }
@@ -309,7 +311,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
 
     /// Extends the draft's continuation by one greedy token.
     fn draft_one(&mut self) -> Result<()> {
-        self.draft_row()?;
+        self.ensure_row()?;
         match self.peek()? {
             Some(t) => self.push_draft(&[t]),
             None => {
@@ -333,11 +335,11 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         let Some(text) = text_within(&self.draft_vocab, &cont, self.cont_from - from, cont.len())? else {
             return Ok(()); // ends inside a character: wait for the next token
         };
-        let Some(anchor) = text_within(&self.target_vocab, &self.ctx, self.anchor, self.plan_at)? else {
+        let Some(anchor) = &self.anchor_text else {
             self.cont_done = true;
             return Ok(());
         };
-        let ids = self.target_vocab.ids(&(anchor + &text))?;
+        let ids = self.target_vocab.ids(&format!("{anchor}{text}"))?;
         let anchor_ids = &self.ctx[self.anchor..self.plan_at];
         if !ids.starts_with(anchor_ids) {
             // The continuation merges into the context's last token: nothing to propose.
@@ -370,9 +372,7 @@ impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
     }
 
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.target_len) {
-            return Err(Error::TokenOutOfRange { token: bad, vocab: self.target_len });
-        }
+        check_tokens(tokens, self.target_len)?;
         self.ctx.extend_from_slice(tokens);
         let proposal = match self.method {
             CrossMethod::Text => self.propose_text(),

@@ -25,6 +25,12 @@ pub(crate) fn text_within<V: Vocabulary + ?Sized>(
     Ok(all.strip_prefix(head.as_str()).map(str::to_string))
 }
 
+/// The text of token `id` alone, unless it is empty or only part of a character.
+fn token_string<V: Vocabulary + ?Sized>(vocab: &V, id: u32) -> Result<Option<String>> {
+    let s = vocab.text(&[id])?;
+    Ok((!s.is_empty() && !s.contains('\u{FFFD}')).then_some(s))
+}
+
 /// Which draft ids have a target id of the same string: the vocabularies' intersection, built
 /// once per pair with one hash map (no per-token string search).
 #[derive(Debug, Clone, PartialEq)]
@@ -46,19 +52,15 @@ impl VocabMap {
     /// # Errors
     /// Decoder failures; [`Error::InvalidSetting`] when no token is shared.
     pub fn new<D: Vocabulary + ?Sized, T: Vocabulary + ?Sized>(draft: &D, target: &T) -> Result<Self> {
-        let string = |v: &dyn Fn(&[u32]) -> Result<String>, id: u32| -> Result<Option<String>> {
-            let s = v(&[id])?;
-            Ok((!s.is_empty() && !s.contains('\u{FFFD}')).then_some(s))
-        };
         let mut by_string: HashMap<String, u32> = HashMap::with_capacity(target.len());
         for id in 0..target.len() as u32 {
-            if let Some(s) = string(&|ids| target.text(ids), id)? {
+            if let Some(s) = token_string(target, id)? {
                 by_string.entry(s).or_insert(id);
             }
         }
         let mut to_target = vec![Self::NONE; draft.len()];
         for (id, slot) in to_target.iter_mut().enumerate() {
-            if let Some(s) = string(&|ids| draft.text(ids), id as u32)? {
+            if let Some(s) = token_string(draft, id as u32)? {
                 *slot = by_string.get(&s).copied().unwrap_or(Self::NONE);
             }
         }
