@@ -7,6 +7,7 @@
 //!
 //! `cargo bench` (about 10 minutes here); `cargo bench -- kernel` for one group.
 
+use specdec::TokenModel;
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -9,6 +9,7 @@
 //!
 //! `cargo run --release --features cuda --example device_check -- --device cuda`
 
+use specdec::TokenModel;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "heads")]
 use crate::heads::{EagleVersion, HeadDraft};
 use crate::loading::{check_compatible, ModelFiles};
-use crate::model::{BatchDraft, DraftModel, Proposal};
+use crate::model::{BatchDraft, DraftModel, Proposal, TokenModel};
 use crate::models::{Llama, WeightFormat};
 use crate::tokenizer::Tokenizer;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -199,10 +199,10 @@ fn model_draft(path: &str, device: &Device) -> Result<(Llama, Tokenizer)> {
     Ok((Llama::new(weights)?, draft_tok))
 }
 
-impl DraftModel for Drafter {
+impl TokenModel for Drafter {
     fn vocab_size(&self) -> usize {
         match self {
-            Self::Model(m) => DraftModel::vocab_size(m),
+            Self::Model(m) => TokenModel::vocab_size(m),
             Self::NGram(n) => n.vocab_size(),
             Self::Lookup(l) => l.vocab_size(),
             #[cfg(feature = "heads")]
@@ -214,7 +214,7 @@ impl DraftModel for Drafter {
     fn context_len(&self) -> usize {
         match self {
             Self::Model(m) => m.context_len(),
-            Self::NGram(n) => DraftModel::context_len(n),
+            Self::NGram(n) => TokenModel::context_len(n),
             Self::Lookup(l) => l.context_len(),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.context_len(),
@@ -222,6 +222,19 @@ impl DraftModel for Drafter {
         }
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        match self {
+            Self::Model(m) => m.truncate(len),
+            Self::NGram(n) => TokenModel::truncate(n, len),
+            Self::Lookup(l) => l.truncate(len),
+            #[cfg(feature = "heads")]
+            Self::Head(h) => h.truncate(len),
+            Self::Cross(c) => c.truncate(len),
+        }
+    }
+}
+
+impl DraftModel for Drafter {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         match self {
             Self::Model(m) => m.propose(tokens),
@@ -230,17 +243,6 @@ impl DraftModel for Drafter {
             #[cfg(feature = "heads")]
             Self::Head(h) => h.propose(tokens),
             Self::Cross(c) => c.propose(tokens),
-        }
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        match self {
-            Self::Model(m) => m.truncate(len),
-            Self::NGram(n) => DraftModel::truncate(n, len),
-            Self::Lookup(l) => l.truncate(len),
-            #[cfg(feature = "heads")]
-            Self::Head(h) => h.truncate(len),
-            Self::Cross(c) => c.truncate(len),
         }
     }
 

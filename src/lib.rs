@@ -140,7 +140,7 @@ pub use drafter::{Drafter, DrafterSpec};
 pub use error::{Error, Result};
 #[cfg(feature = "llama")]
 pub use loading::{check_compatible, device, ModelFiles};
-pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, Vocabulary};
+pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
 #[cfg(feature = "models")]
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;

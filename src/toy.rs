@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, Vocabulary};
+use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
 
 /// A Markov model over `vocab` tokens whose next-token row depends on the last `order` tokens
 /// (missing positions at the start of a context count as token 0).
@@ -89,7 +89,7 @@ fn normalize_rows(table: &mut [f32], vocab: usize) {
     }
 }
 
-impl TargetModel for MarkovModel {
+impl TokenModel for MarkovModel {
     fn vocab_size(&self) -> usize {
         self.vocab
     }
@@ -98,6 +98,16 @@ impl TargetModel for MarkovModel {
         self.ctx.len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.ctx.len() {
+            return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
+        }
+        self.ctx.truncate(len);
+        Ok(())
+    }
+}
+
+impl TargetModel for MarkovModel {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(Error::TokenOutOfRange { token, vocab: self.vocab });
@@ -112,14 +122,6 @@ impl TargetModel for MarkovModel {
             data.extend(self.next_probs(&self.ctx[..end]).iter().map(|p| p.ln()));
         }
         Logits::new(data, self.vocab)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.ctx.len() {
-            return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
-        }
-        self.ctx.truncate(len);
-        Ok(())
     }
 }
 
@@ -138,7 +140,7 @@ impl PointDraft {
     }
 }
 
-impl DraftModel for PointDraft {
+impl TokenModel for PointDraft {
     fn vocab_size(&self) -> usize {
         self.model.vocab
     }
@@ -147,15 +149,17 @@ impl DraftModel for PointDraft {
         self.model.ctx.len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TokenModel::truncate(&mut self.model, len)
+    }
+}
+
+impl DraftModel for PointDraft {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         self.model.forward(tokens, 0)?;
         let row = self.model.next_probs(&self.model.ctx);
         let (best, p) = row.iter().enumerate().fold((0, -1.0), |b, (i, &p)| if p > b.1 { (i, p) } else { b });
         Ok(if p >= self.min_prob { Proposal::Token(best as u32) } else { Proposal::Nothing })
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.model, len)
     }
 }
 
@@ -224,9 +228,9 @@ mod tests {
         assert_eq!(logits.rows(), 2);
         let expect: Vec<f32> = m.next_probs(&[9, 1, 2]).iter().map(|p| p.ln()).collect();
         assert_eq!(logits.row(0), &expect[..]);
-        TargetModel::truncate(&mut m, 1).unwrap();
+        TokenModel::truncate(&mut m, 1).unwrap();
         assert_eq!(m.context(), &[1]);
-        assert!(TargetModel::truncate(&mut m, 5).is_err());
+        assert!(TokenModel::truncate(&mut m, 5).is_err());
         assert!(m.forward(&[4], 1).is_err());
     }
 

@@ -13,6 +13,7 @@ use common::{assert_nudge_rejected, check_windows, nudged_past_the_limit, window
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::toy::MarkovModel;
+use specdec::TokenModel;
 use specdec::{
     Clock, DraftModel, KController, KPolicy, Logits, PlainDecoder, Result, RoundReport, SamplingConfig,
     SpeculativeDecoder, TargetModel,
@@ -250,22 +251,24 @@ fn light(model: MarkovModel, clock: &Clock) -> Busy {
     Busy { model, clock: clock.clone(), fixed: 1e-5, per_row: 0.0 }
 }
 
-impl TargetModel for Busy {
+impl TokenModel for Busy {
     fn vocab_size(&self) -> usize {
         self.model.vocab()
     }
 
     fn context_len(&self) -> usize {
-        TargetModel::context_len(&self.model)
-    }
-
-    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        self.clock.advance(self.fixed + self.per_row * rows as f64);
-        self.model.forward(tokens, rows)
+        TokenModel::context_len(&self.model)
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.model, len)
+        TokenModel::truncate(&mut self.model, len)
+    }
+}
+
+impl TargetModel for Busy {
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.clock.advance(self.fixed + self.per_row * rows as f64);
+        self.model.forward(tokens, rows)
     }
 }
 
@@ -293,7 +296,7 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     // From then on the draft is neither called nor fed the prompt.
     let out = dec.generate(&prompt)?;
     assert_eq!(out.tokens, plain.tokens);
-    assert_eq!((out.stats.draft_calls, DraftModel::context_len(dec.draft())), (0, 0));
+    assert_eq!((out.stats.draft_calls, TokenModel::context_len(dec.draft())), (0, 0));
     Ok(())
 }
 

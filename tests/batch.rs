@@ -11,6 +11,7 @@ use common::models::{model_path, STORIES};
 use common::{assert_fits, assert_nudge_rejected, assert_rejects, cell, exact_window, nudged_past_the_limit, settings};
 use specdec::batch::{BatchDecoder, BatchPolicy, Fault as BatchFault, Request};
 use specdec::toy::MarkovModel;
+use specdec::TokenModel;
 use specdec::{
     BatchTarget, Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig,
     TargetModel, WeightFormat,
@@ -292,7 +293,7 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
 #[derive(Clone)]
 struct Swapping(MarkovModel);
 
-impl TargetModel for Swapping {
+impl TokenModel for Swapping {
     fn vocab_size(&self) -> usize {
         self.0.vocab()
     }
@@ -301,12 +302,14 @@ impl TargetModel for Swapping {
         self.0.context_len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TokenModel::truncate(&mut self.0, len)
+    }
+}
+
+impl TargetModel for Swapping {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         self.0.forward(tokens, rows)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.0, len)
     }
 }
 

@@ -11,6 +11,7 @@ use common::faulty::{Fault as FaultKind, Faulty};
 use common::{assert_rejects, check_windows, exact_window, settings, window_counts};
 use specdec::toy::{MarkovModel, ToyVocab};
 use specdec::tree::ChildPicker;
+use specdec::TokenModel;
 use specdec::{
     BatchDecoder, BatchPolicy, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder,
     Proposal, Request, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, Vocabulary,
@@ -126,7 +127,7 @@ fn sequences_with_intersection_drafts_follow_the_target() -> Result<()> {
 /// swapped, as a map off by a token would do).
 struct WrongString(CrossVocabDraft<MarkovModel, ToyVocab>);
 
-impl DraftModel for WrongString {
+impl TokenModel for WrongString {
     fn vocab_size(&self) -> usize {
         self.0.vocab_size()
     }
@@ -135,12 +136,14 @@ impl DraftModel for WrongString {
         self.0.context_len()
     }
 
-    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        self.0.propose(tokens)
-    }
-
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.0.truncate(len)
+    }
+}
+
+impl DraftModel for WrongString {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        self.0.propose(tokens)
     }
 
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
@@ -251,7 +254,7 @@ fn a_failing_draft_model_leaves_the_drafter_usable() -> Result<()> {
 /// A draft model whose context holds at most `max` tokens.
 struct Short(MarkovModel, usize);
 
-impl DraftModel for Short {
+impl TokenModel for Short {
     fn vocab_size(&self) -> usize {
         self.0.vocab()
     }
@@ -260,16 +263,18 @@ impl DraftModel for Short {
         self.0.context().len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TokenModel::truncate(&mut self.0, len)
+    }
+}
+
+impl DraftModel for Short {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         let len = self.0.context().len() + tokens.len();
         if len > self.1 {
             return Err(Error::ContextTooLong { len, max: self.1 });
         }
         self.0.propose(tokens)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        DraftModel::truncate(&mut self.0, len)
     }
 }
 

@@ -6,7 +6,7 @@ use common::faulty::{Fault, Faulty};
 use specdec::toy::MarkovModel;
 use specdec::tree::ChildPicker;
 use specdec::{
-    DraftModel, DraftTree, Error, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, TreeBudget,
+    DraftModel, DraftTree, Error, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TokenModel, TreeBudget,
     TreePolicy,
 };
 
@@ -125,21 +125,23 @@ struct BadTrees {
     calls: usize,
 }
 
-impl DraftModel for BadTrees {
+impl TokenModel for BadTrees {
     fn vocab_size(&self) -> usize {
         self.inner.vocab()
     }
 
     fn context_len(&self) -> usize {
-        TargetModel::context_len(&self.inner)
-    }
-
-    fn propose(&mut self, tokens: &[u32]) -> Result<specdec::Proposal> {
-        DraftModel::propose(&mut self.inner, tokens)
+        TokenModel::context_len(&self.inner)
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        DraftModel::truncate(&mut self.inner, len)
+        TokenModel::truncate(&mut self.inner, len)
+    }
+}
+
+impl DraftModel for BadTrees {
+    fn propose(&mut self, tokens: &[u32]) -> Result<specdec::Proposal> {
+        DraftModel::propose(&mut self.inner, tokens)
     }
 
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {

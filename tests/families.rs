@@ -7,6 +7,7 @@
 //! prompt, and after single steps; multi-token forwards equal sequential ones and roll-back
 //! equals a fresh run. Gemma 3's sliding window is checked on its own.
 
+use specdec::TokenModel;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{self, Value};

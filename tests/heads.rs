@@ -4,6 +4,7 @@
 
 mod common;
 
+use specdec::TokenModel;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -196,16 +197,16 @@ fn exact_windows<T: TargetModel>(
         cfg.probs(&row, &mut probs)?;
         let total: f64 = probs.iter().map(|&p| f64::from(p)).sum();
         for (t, &p) in probs.iter().enumerate().filter(|(_, &p)| p > 0.0) {
-            let at = TargetModel::context_len(m);
+            let at = TokenModel::context_len(m);
             let next = m.forward(&[t as u32], 1)?.into_last_row();
             path.push(t as u32);
             walk(m, cfg, next, path, w * f64::from(p) / total, (start, len), out)?;
             path.pop();
-            TargetModel::truncate(m, at)?;
+            TokenModel::truncate(m, at)?;
         }
         Ok(())
     }
-    TargetModel::truncate(target, 0)?;
+    TokenModel::truncate(target, 0)?;
     let row = target.forward(prompt, 1)?.into_last_row();
     let mut out = HashMap::new();
     walk(target, cfg, row, &mut Vec::new(), 1.0, (start, len), &mut out)?;
@@ -304,15 +305,21 @@ fn sampled_speculation_with_heads_follows_the_target() -> Result<()> {
 /// row): decoding follows it, not the model it wraps.
 struct Nudged(Llama, f32);
 
-impl TargetModel for Nudged {
+impl TokenModel for Nudged {
     fn vocab_size(&self) -> usize {
-        TargetModel::vocab_size(&self.0)
+        TokenModel::vocab_size(&self.0)
     }
 
     fn context_len(&self) -> usize {
-        TargetModel::context_len(&self.0)
+        TokenModel::context_len(&self.0)
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TokenModel::truncate(&mut self.0, len)
+    }
+}
+
+impl TargetModel for Nudged {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<specdec::Logits> {
         let logits = self.0.forward(tokens, rows)?;
         let v = logits.vocab();
@@ -323,10 +330,6 @@ impl TargetModel for Nudged {
             row[order[1]] += self.1;
         }
         specdec::Logits::new(data, v)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.0, len)
     }
 }
 

@@ -9,6 +9,7 @@ use candle_core::Device;
 use common::models::{model_path, STORIES};
 use specdec::loading::GgufFile;
 use specdec::models::Tap;
+use specdec::TokenModel;
 use specdec::{Engine, Error, Llama, ModelFiles, Result, TargetModel, WeightFormat};
 
 /// max |a − b| / max |b|.

@@ -5,6 +5,7 @@
 
 mod common;
 
+use specdec::TokenModel;
 use std::sync::Arc;
 
 use candle_core::Device;

@@ -20,6 +20,7 @@ use rand::SeedableRng;
 use specdec::kernel::{self, DraftRow, TreeNode, TreeVerdict};
 use specdec::sampling::sample;
 use specdec::toy::MarkovModel;
+use specdec::TokenModel;
 use specdec::{DraftModel, NGramDraft, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy};
 
 const VOCAB: usize = 6;
@@ -274,7 +275,7 @@ fn the_decoder_with_ngram_trees_follows_the_target() -> Result<()> {
 #[derive(Clone)]
 struct MaskIgnored(MarkovModel);
 
-impl specdec::TargetModel for MaskIgnored {
+impl specdec::TokenModel for MaskIgnored {
     fn vocab_size(&self) -> usize {
         VOCAB
     }
@@ -283,18 +284,20 @@ impl specdec::TargetModel for MaskIgnored {
         self.0.context().len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        specdec::TokenModel::truncate(&mut self.0, len)
+    }
+}
+
+impl specdec::TargetModel for MaskIgnored {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<specdec::Logits> {
         self.0.forward(tokens, rows)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        specdec::TargetModel::truncate(&mut self.0, len)
     }
 
     fn forward_tree(&mut self, tokens: &[u32], _tree: &specdec::TreeShape) -> Result<specdec::Logits> {
         let base = self.0.context().len();
         let rows = self.0.forward(tokens, tokens.len());
-        specdec::TargetModel::truncate(&mut self.0, base)?;
+        specdec::TokenModel::truncate(&mut self.0, base)?;
         rows
     }
 }
@@ -322,7 +325,7 @@ fn decoder_power_a_tree_call_without_its_mask_is_rejected() -> Result<()> {
 #[derive(Clone)]
 struct KeepsLikelyDraws(MarkovModel);
 
-impl DraftModel for KeepsLikelyDraws {
+impl TokenModel for KeepsLikelyDraws {
     fn vocab_size(&self) -> usize {
         VOCAB
     }
@@ -331,12 +334,14 @@ impl DraftModel for KeepsLikelyDraws {
         self.0.context().len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TokenModel::truncate(&mut self.0, len)
+    }
+}
+
+impl DraftModel for KeepsLikelyDraws {
     fn propose(&mut self, tokens: &[u32]) -> Result<specdec::Proposal> {
         DraftModel::propose(&mut self.0, tokens)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        DraftModel::truncate(&mut self.0, len)
     }
 
     fn propose_tree(

@@ -7,6 +7,7 @@ mod common;
 use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::tree::TreeShape;
+use specdec::TokenModel;
 use specdec::{Engine, Llama, Logits, ModelFiles, Result, TargetModel, WeightFormat};
 
 /// max |a − b| / max |b|.
@@ -88,7 +89,7 @@ fn misused_trees_are_typed_errors() -> Result<()> {
 /// A model with only `forward` and `truncate`: it gets the trait's path-by-path tree call.
 struct PathByPath(Llama);
 
-impl TargetModel for PathByPath {
+impl TokenModel for PathByPath {
     fn vocab_size(&self) -> usize {
         self.0.config().vocab_size
     }
@@ -97,12 +98,14 @@ impl TargetModel for PathByPath {
         self.0.context_len()
     }
 
-    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        self.0.forward(tokens, rows)
-    }
-
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.0.truncate(len)
+    }
+}
+
+impl TargetModel for PathByPath {
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        self.0.forward(tokens, rows)
     }
 }
 

@@ -11,6 +11,7 @@ mod batch;
 #[path = "../support/chart.rs"]
 mod chart;
 
+use specdec::TokenModel;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -12,7 +12,7 @@ pub(crate) use block::ChainBlock;
 use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 use crate::error::{Error, Result};
 use crate::kernel::Verdict;
-use crate::model::{DraftModel, TargetModel};
+use crate::model::{DraftModel, TargetModel, TokenModel};
 use crate::sampling::Noise;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats};
@@ -423,7 +423,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
 /// After a failed round, rolls both models back to `keep` tokens (the context but its pending
 /// last token). True when they hold exactly that, so that the next round can run.
 pub(crate) fn roll_back<D: DraftModel, T: TargetModel>(keep: usize, draft: &mut D, target: &mut T) -> bool {
-    let target_ok = TargetModel::context_len(target) <= keep || TargetModel::truncate(target, keep).is_ok();
+    let target_ok = TokenModel::context_len(target) <= keep || TokenModel::truncate(target, keep).is_ok();
     let draft_ok = draft.context_len() <= keep || draft.truncate(keep).is_ok();
-    target_ok && draft_ok && TargetModel::context_len(target) == keep
+    target_ok && draft_ok && TokenModel::context_len(target) == keep
 }

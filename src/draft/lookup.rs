@@ -3,7 +3,7 @@
 
 use crate::draft::NGramDraft;
 use crate::error::{Error, Result};
-use crate::model::{DraftModel, Proposal};
+use crate::model::{DraftModel, Proposal, TokenModel};
 
 /// Shortest suffix the lookup matches: shorter matches are too often wrong to stand in for the
 /// model (on the Qwen2.5-Coder pair, 3-token matches cut the acceptance of fresh code from
@@ -40,7 +40,7 @@ impl<D: DraftModel> LookupOr<D> {
     }
 }
 
-impl<D: DraftModel> DraftModel for LookupOr<D> {
+impl<D: TokenModel> TokenModel for LookupOr<D> {
     fn vocab_size(&self) -> usize {
         self.model.vocab_size()
     }
@@ -49,6 +49,17 @@ impl<D: DraftModel> DraftModel for LookupOr<D> {
         self.ctx.len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.ctx.truncate(len);
+        TokenModel::truncate(&mut self.lookup, len)?;
+        if self.model.context_len() > len {
+            self.model.truncate(len)?;
+        }
+        Ok(())
+    }
+}
+
+impl<D: DraftModel> DraftModel for LookupOr<D> {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         self.ctx.extend_from_slice(tokens);
         if let found @ Proposal::Token(_) = self.lookup.propose(tokens)? {
@@ -63,15 +74,6 @@ impl<D: DraftModel> DraftModel for LookupOr<D> {
                 got: self.model.context_len(),
             }),
         }
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        self.ctx.truncate(len);
-        DraftModel::truncate(&mut self.lookup, len)?;
-        if self.model.context_len() > len {
-            self.model.truncate(len)?;
-        }
-        Ok(())
     }
 }
 

@@ -4,7 +4,7 @@
 //! prompt or itself (code edits, summaries quoting the source, retrieval answers).
 
 use crate::error::{Error, Result};
-use crate::model::{DraftModel, Proposal};
+use crate::model::{DraftModel, Proposal, TokenModel};
 use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
@@ -115,7 +115,7 @@ fn distinct_matches(ctx: &[u32], min_n: usize, max_n: usize, n: usize) -> Vec<us
     ends
 }
 
-impl DraftModel for NGramDraft {
+impl TokenModel for NGramDraft {
     fn vocab_size(&self) -> usize {
         self.vocab
     }
@@ -124,18 +124,20 @@ impl DraftModel for NGramDraft {
         self.ctx.len()
     }
 
-    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        check_tokens(tokens, self.vocab)?;
-        self.ctx.extend_from_slice(tokens);
-        Ok(self.lookup().map_or(Proposal::Nothing, Proposal::Token))
-    }
-
     fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.ctx.len() {
             return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
         }
         self.ctx.truncate(len);
         Ok(())
+    }
+}
+
+impl DraftModel for NGramDraft {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        check_tokens(tokens, self.vocab)?;
+        self.ctx.extend_from_slice(tokens);
+        Ok(self.lookup().map_or(Proposal::Nothing, Proposal::Token))
     }
 
     /// Up to `budget.width()` matches followed by different tokens (longest first), each

@@ -7,7 +7,7 @@ use candle_core::Device;
 use super::{EagleDraft, EagleHead, EagleVersion, HeadFiles, MedusaDraft, MedusaHead, TargetParts};
 use crate::error::Result;
 use crate::loading::ModelFiles;
-use crate::model::{DraftModel, Proposal};
+use crate::model::{DraftModel, Proposal, TokenModel};
 use crate::models::{Llama, Tap};
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
@@ -50,7 +50,7 @@ impl HeadDraft {
     }
 }
 
-impl DraftModel for HeadDraft {
+impl TokenModel for HeadDraft {
     fn vocab_size(&self) -> usize {
         match self {
             Self::Eagle(e) => e.vocab_size(),
@@ -65,17 +65,19 @@ impl DraftModel for HeadDraft {
         }
     }
 
-    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        match self {
-            Self::Eagle(e) => e.propose(tokens),
-            Self::Medusa(m) => m.propose(tokens),
-        }
-    }
-
     fn truncate(&mut self, len: usize) -> Result<()> {
         match self {
             Self::Eagle(e) => e.truncate(len),
             Self::Medusa(m) => m.truncate(len),
+        }
+    }
+}
+
+impl DraftModel for HeadDraft {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        match self {
+            Self::Eagle(e) => e.propose(tokens),
+            Self::Medusa(m) => m.propose(tokens),
         }
     }
 

@@ -10,7 +10,7 @@ use super::eagle::{EagleHead, HeadInput};
 use super::layer::{mask, rope_tables, LayerCache};
 use crate::error::{Error, Result};
 use crate::model::grow;
-use crate::model::{DraftModel, Proposal};
+use crate::model::{DraftModel, Proposal, TokenModel};
 use crate::models::Features;
 use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -20,7 +20,7 @@ use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 /// Token `i` of the context is paired with the target's state after token `i − 1`; after a
 /// roll-back the head keeps only positions it computed from the target's own states (those
 /// computed from its guesses are redone when the target's states arrive), so its
-/// [`context_len`](DraftModel::context_len) may fall below what `truncate` asked for.
+/// [`context_len`](TokenModel::context_len) may fall below what `truncate` asked for.
 #[derive(Debug)]
 pub struct EagleDraft {
     head: Arc<EagleHead>,
@@ -137,23 +137,13 @@ impl EagleDraft {
     }
 }
 
-impl DraftModel for EagleDraft {
+impl TokenModel for EagleDraft {
     fn vocab_size(&self) -> usize {
         self.head.vocab_size()
     }
 
     fn context_len(&self) -> usize {
         self.held
-    }
-
-    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        if tokens.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        match self.absorb(tokens)? {
-            Some(state) => Ok(Proposal::Logits(self.head.logits(&state)?.swap_remove(0))),
-            None => Ok(Proposal::Nothing),
-        }
     }
 
     /// Rolls back to `len` tokens, or further: to the last position computed from the
@@ -168,6 +158,18 @@ impl DraftModel for EagleDraft {
         self.held = if len == 0 { 0 } else { keep + 1 };
         self.last = None;
         Ok(())
+    }
+}
+
+impl DraftModel for EagleDraft {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        match self.absorb(tokens)? {
+            Some(state) => Ok(Proposal::Logits(self.head.logits(&state)?.swap_remove(0))),
+            None => Ok(Proposal::Nothing),
+        }
     }
 
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {

@@ -11,7 +11,7 @@ use super::config::HeadFiles;
 use super::target::{cut_rows, draft_vocab, widen, HeadMatrix, Proj, TargetParts};
 use crate::error::{Error, Result};
 use crate::model::grow;
-use crate::model::{DraftModel, Proposal};
+use crate::model::{DraftModel, Proposal, TokenModel};
 use crate::models::Features;
 use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -161,7 +161,7 @@ impl MedusaDraft {
     }
 }
 
-impl DraftModel for MedusaDraft {
+impl TokenModel for MedusaDraft {
     fn vocab_size(&self) -> usize {
         self.head.vocab
     }
@@ -170,20 +170,22 @@ impl DraftModel for MedusaDraft {
         self.held
     }
 
-    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
-        self.absorb(tokens)?;
-        match self.source() {
-            Some((b, i)) => Ok(Proposal::Logits(self.row(b, i)?)),
-            None => Ok(Proposal::Nothing),
-        }
-    }
-
     fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.held {
             return Err(Error::BadTruncate { len: self.held, to: len });
         }
         self.held = len;
         Ok(())
+    }
+}
+
+impl DraftModel for MedusaDraft {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        self.absorb(tokens)?;
+        match self.source() {
+            Some((b, i)) => Ok(Proposal::Logits(self.row(b, i)?)),
+            None => Ok(Proposal::Nothing),
+        }
     }
 
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {

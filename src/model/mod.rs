@@ -64,17 +64,28 @@ impl Logits {
     }
 }
 
+/// What both roles share: a vocabulary, and a context of tokens that can be rolled back.
+/// [`TargetModel`] and [`DraftModel`] build on it, so that a model that is both has one
+/// `vocab_size`, one `context_len` and one `truncate`.
+pub trait TokenModel {
+    /// The number of tokens in the vocabulary; every logits row has this length.
+    fn vocab_size(&self) -> usize;
+
+    /// How many tokens the context holds.
+    fn context_len(&self) -> usize;
+
+    /// Rolls the context back to its first `len` tokens.
+    ///
+    /// # Errors
+    /// [`Error::BadTruncate`] when `len > context_len()`.
+    fn truncate(&mut self, len: usize) -> Result<()>;
+}
+
 /// A model that scores tokens: it keeps a context (its KV cache) and extends it.
 ///
 /// The target verifies k drafted tokens plus the bonus position in ONE `forward` call, and is
 /// rolled back with `truncate` after a rejection.
-pub trait TargetModel {
-    /// The number of tokens in the vocabulary; every logits row has this length.
-    fn vocab_size(&self) -> usize;
-
-    /// How many tokens the model's context holds.
-    fn context_len(&self) -> usize;
-
+pub trait TargetModel: TokenModel {
     /// Appends `tokens` to the context and returns the logits that follow each of the last
     /// `rows` of them (`rows <= tokens.len()`; 0 when only the cache is wanted, as in prefill).
     /// Row `i` is the next-token distribution after `tokens[tokens.len() - rows + i]`.
@@ -82,12 +93,6 @@ pub trait TargetModel {
     /// # Errors
     /// Out-of-vocabulary tokens, a context past the model's limit, backend failures.
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits>;
-
-    /// Rolls the context back to its first `len` tokens.
-    ///
-    /// # Errors
-    /// [`Error::BadTruncate`] when `len > context_len()`.
-    fn truncate(&mut self, len: usize) -> Result<()>;
 
     /// Scores a tree of tokens after the context: `tokens[0]` follows the context, `tokens[i]`
     /// (i ≥ 1) follows the token `tree` names as its parent, and row `i` of the result is the
@@ -104,7 +109,7 @@ pub trait TargetModel {
         if tree.len() != tokens.len() {
             return Err(Error::setting("tree size", tree.len(), "one entry per token"));
         }
-        let (base, vocab) = (TargetModel::context_len(self), TargetModel::vocab_size(self));
+        let (base, vocab) = (TokenModel::context_len(self), TokenModel::vocab_size(self));
         let mut data = vec![0.0; tokens.len() * vocab];
         let mut done = vec![false; tokens.len()];
         for leaf in (0..tokens.len()).rev() {
@@ -114,7 +119,7 @@ pub trait TargetModel {
             let path: Vec<usize> = (0..=leaf).filter(|&j| tree.sees(leaf)[j]).collect();
             let feed: Vec<u32> = path.iter().map(|&j| tokens[j]).collect();
             let rows = self.forward(&feed, feed.len());
-            TargetModel::truncate(self, base)?;
+            TokenModel::truncate(self, base)?;
             let rows = rows?;
             if rows.rows() != feed.len() || rows.vocab() != vocab {
                 return Err(Error::BadModelOutput {
@@ -215,24 +220,12 @@ pub enum Proposal {
 ///
 /// Every [`TargetModel`] is a `DraftModel` (through its last logits row), so a small model is a
 /// drafter as it is; heuristic drafters implement this trait directly.
-pub trait DraftModel {
-    /// The number of tokens in the vocabulary.
-    fn vocab_size(&self) -> usize;
-
-    /// How many tokens the drafter's context holds.
-    fn context_len(&self) -> usize;
-
+pub trait DraftModel: TokenModel {
     /// Appends `tokens` (at least one) to the context and proposes the token that follows.
     ///
     /// # Errors
     /// Out-of-vocabulary tokens, backend failures.
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal>;
-
-    /// Rolls the context back to its first `len` tokens.
-    ///
-    /// # Errors
-    /// [`Error::BadTruncate`] when `len > context_len()`.
-    fn truncate(&mut self, len: usize) -> Result<()>;
 
     /// Appends `tokens` (at least one) to the context and proposes a tree of continuations
     /// within `budget` (see [`DraftTree`]), turning logits rows into children with `picker`
@@ -269,14 +262,6 @@ pub trait DraftModel {
 }
 
 impl<M: TargetModel> DraftModel for M {
-    fn vocab_size(&self) -> usize {
-        TargetModel::vocab_size(self)
-    }
-
-    fn context_len(&self) -> usize {
-        TargetModel::context_len(self)
-    }
-
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         let logits = self.forward(tokens, 1)?;
         if logits.rows() != 1 {
@@ -285,16 +270,12 @@ impl<M: TargetModel> DraftModel for M {
         Ok(Proposal::Logits(logits.into_last_row()))
     }
 
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(self, len)
-    }
-
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         expand_tree(self, tokens, budget, picker)
     }
 }
 
-impl<M: TargetModel + ?Sized> TargetModel for &mut M {
+impl<M: TokenModel + ?Sized> TokenModel for &mut M {
     fn vocab_size(&self) -> usize {
         (**self).vocab_size()
     }
@@ -303,12 +284,14 @@ impl<M: TargetModel + ?Sized> TargetModel for &mut M {
         (**self).context_len()
     }
 
-    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        (**self).forward(tokens, rows)
-    }
-
     fn truncate(&mut self, len: usize) -> Result<()> {
         (**self).truncate(len)
+    }
+}
+
+impl<M: TargetModel + ?Sized> TargetModel for &mut M {
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
+        (**self).forward(tokens, rows)
     }
 
     fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {

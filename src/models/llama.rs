@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
-use crate::model::{BatchTarget, Logits, TargetModel};
+use crate::model::{BatchTarget, Logits, TargetModel, TokenModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
 use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Tap};
@@ -141,29 +141,6 @@ impl Llama {
     /// The blocks this model runs.
     pub fn layers(&self) -> &[usize] {
         &self.layers
-    }
-
-    /// Tokens in the context (the same as [`TargetModel::context_len`], callable without
-    /// naming the trait when both model traits are in scope).
-    pub fn context_len(&self) -> usize {
-        self.len
-    }
-
-    /// Rolls the context back to `len` tokens ([`TargetModel::truncate`]): the next forward
-    /// runs at position `len` (see the roll-back contract of [`Backend`]).
-    ///
-    /// # Errors
-    /// [`Error::BadTruncate`] when `len` exceeds the context.
-    pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(Error::BadTruncate { len: self.len, to: len });
-        }
-        self.len = len;
-        self.tree = None;
-        if let Some((_, f)) = &self.record {
-            f.truncate(len);
-        }
-        Ok(())
     }
 
     /// From now on, records the hidden states `taps` names for every token the model
@@ -364,7 +341,7 @@ impl Llama {
     }
 }
 
-impl TargetModel for Llama {
+impl TokenModel for Llama {
     fn vocab_size(&self) -> usize {
         self.weights.config.vocab_size
     }
@@ -373,16 +350,28 @@ impl TargetModel for Llama {
         self.len
     }
 
+    /// Rolls the context back to `len` tokens: the next forward runs at position `len` (see
+    /// the roll-back contract of [`Backend`]).
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(Error::BadTruncate { len: self.len, to: len });
+        }
+        self.len = len;
+        self.tree = None;
+        if let Some((_, f)) = &self.record {
+            f.truncate(len);
+        }
+        Ok(())
+    }
+}
+
+impl TargetModel for Llama {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         if !self.start_forward(tokens, rows)? {
             return Logits::new(Vec::new(), self.weights.config.vocab_size);
         }
         let (data, _) = self.run(tokens, rows, &[])?;
         Logits::new(data, self.weights.config.vocab_size)
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        Llama::truncate(self, len)
     }
 
     fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {

@@ -1,6 +1,7 @@
 //! A toy target that misbehaves on a chosen forward call, for the error and batch tests.
 
 use specdec::toy::MarkovModel;
+use specdec::TokenModel;
 use specdec::{BatchTarget, Error, Logits, Result, TargetModel};
 
 /// A toy target that misbehaves on its `fail_at`-th forward call.
@@ -20,15 +21,21 @@ pub enum Fault {
     Fails,
 }
 
-impl TargetModel for Faulty {
+impl TokenModel for Faulty {
     fn vocab_size(&self) -> usize {
         self.inner.vocab()
     }
 
     fn context_len(&self) -> usize {
-        TargetModel::context_len(&self.inner)
+        TokenModel::context_len(&self.inner)
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        TokenModel::truncate(&mut self.inner, len)
+    }
+}
+
+impl TargetModel for Faulty {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         self.calls += 1;
         let logits = self.inner.forward(tokens, rows)?;
@@ -43,10 +50,6 @@ impl TargetModel for Faulty {
             Fault::Fails => return Err(Error::setting("fault", "injected", "no failure")),
         }
         Logits::new(data, logits.vocab())
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        TargetModel::truncate(&mut self.inner, len)
     }
 }
 

@@ -22,7 +22,7 @@ pub use vocab::VocabMap;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, DraftModel, Proposal, Vocabulary};
+use crate::model::{BatchDraft, DraftModel, Proposal, TokenModel, Vocabulary};
 use crate::sampling::argmax;
 use crate::stop::check_tokens;
 use vocab::text_within;
@@ -362,7 +362,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
 /// In a [`BatchDecoder`](crate::BatchDecoder), each sequence's drafter proposes on its own.
 impl<D: DraftModel, V: Vocabulary> BatchDraft for CrossVocabDraft<D, V> {}
 
-impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
+impl<D: TokenModel, V: Vocabulary> TokenModel for CrossVocabDraft<D, V> {
     fn vocab_size(&self) -> usize {
         self.target_len
     }
@@ -371,6 +371,20 @@ impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
         self.ctx.len()
     }
 
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.ctx.len() {
+            return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
+        }
+        self.ctx.truncate(len);
+        self.synced.retain(|&(t, _)| t <= len);
+        if self.plan_at > len {
+            self.planned = false;
+        }
+        Ok(())
+    }
+}
+
+impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         check_tokens(tokens, self.target_len)?;
         self.ctx.extend_from_slice(tokens);
@@ -384,17 +398,5 @@ impl<D: DraftModel, V: Vocabulary> DraftModel for CrossVocabDraft<D, V> {
             Err(Error::ContextTooLong { .. }) => Ok(Proposal::Nothing),
             other => other,
         }
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.ctx.len() {
-            return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
-        }
-        self.ctx.truncate(len);
-        self.synced.retain(|&(t, _)| t <= len);
-        if self.plan_at > len {
-            self.planned = false;
-        }
-        Ok(())
     }
 }

@@ -23,6 +23,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::error::{Error, Result};
 use crate::heads::target::TargetParts;
+use crate::model::TokenModel;
 use crate::models::features::interleave;
 use crate::models::{Llama, Tap};
 use crate::sampling::argmax;
