@@ -81,7 +81,8 @@
 //! 1. `error`, `cpu`, `stats`, `math`, `stop`;
 //! 2. `sampling`, then `kernel`, then `tree`, then `model` (the traits), then `toy`;
 //! 3. `adaptive`, `draft`;
-//! 4. `decoder`, `plain`, then `batch`;
+//! 4. `decoder` (with `Sequence`, the sequence engine every decoder runs), then `plain` and
+//!    `batch`;
 //! 5. `models`, `tokenizer`, then `loading`, then `heads`, then `drafter`;
 //! 6. `tools`.
 //!

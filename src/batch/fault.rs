@@ -6,7 +6,7 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::sequence::Sequence;
+use super::sequence::Member;
 use super::SeqId;
 
 /// A batch bug to inject with [`BatchDecoder::inject_fault`](super::BatchDecoder::inject_fault).
@@ -49,7 +49,7 @@ impl Injected {
 
     /// [`Fault::StaleQ`], after drafting: on a step whose sequences differ from the last
     /// step's, gives each sequence's first q row the one its slot held last step.
-    pub fn stale_q<D, T>(&mut self, seqs: &mut [Sequence<D, T>]) {
+    pub fn stale_q<D, T>(&mut self, seqs: &mut [Member<D, T>]) {
         if self.fault != Some(Fault::StaleQ) {
             return;
         }
@@ -57,7 +57,7 @@ impl Injected {
         let changed = ids != self.ids;
         self.rows.resize_with(seqs.len(), Vec::new);
         for (s, old) in seqs.iter_mut().zip(&mut self.rows) {
-            if let Some(q) = s.block.q_row_mut(0) {
+            if let Some(q) = s.seq.block.q_row_mut(0) {
                 if changed && old.len() == q.len() {
                     std::mem::swap(q, old);
                 } else {

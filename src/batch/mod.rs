@@ -13,19 +13,17 @@ mod fault;
 mod policy;
 mod sequence;
 
-use std::time::Instant;
-
 #[doc(hidden)]
 pub use fault::Fault;
 use fault::Injected;
 pub use policy::{BatchCosts, BatchPolicy, Candidate};
-use sequence::{Acceptance, Sequence};
+use sequence::{Acceptance, Member};
 
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
-use crate::stats::Generation;
-use crate::stop::{pending, StopRule};
+use crate::stats::{Clock, Generation};
+use crate::stop::StopRule;
 
 /// A sequence's handle in a [`BatchDecoder`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -127,7 +125,7 @@ pub const MAX_ROWS: usize = 128;
 /// # Ok::<(), specdec::Error>(())
 /// ```
 pub struct BatchDecoder<D, T> {
-    seqs: Vec<Sequence<D, T>>,
+    seqs: Vec<Member<D, T>>,
     finished: Vec<Finished<D, T>>,
     policy: BatchPolicy,
     costs: BatchCosts,
@@ -136,6 +134,8 @@ pub struct BatchDecoder<D, T> {
     /// The acceptance of every sequence's drafts, pooled: where a new sequence's estimate
     /// starts.
     pool: Acceptance,
+    /// Where times are read.
+    clock: Clock,
     /// A bug the tests inject (none otherwise).
     fault: Injected,
 }
@@ -170,8 +170,16 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             next_id: 0,
             ready: true,
             pool: Acceptance::prior(FIRST_ALPHA),
+            clock: Clock::wall(),
             fault: Injected::new(None),
         })
+    }
+
+    /// Where the batch reads times (default the wall clock; see [`Clock`]): its cost
+    /// estimates and the sequences' statistics. Sequences added later read it too.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Injects a batch bug, for the tests that show their statistics catch it. Not for use.
@@ -192,7 +200,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         if let Some(k) = request.k {
             BatchPolicy::Fixed(k).check()?;
         }
-        let seq = Sequence::start(id, draft, target, request, self.pool.alpha())?;
+        let seq = Member::start(id, draft, target, request, self.pool.alpha(), self.clock.clone())?;
         self.next_id += 1;
         self.seqs.push(seq);
         self.retire();
@@ -240,19 +248,19 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         if !self.ready {
             return Err(Error::NotReady("a failed step could not roll the models back"));
         }
-        let before: Vec<usize> = self.seqs.iter().map(|s| s.ctx.len()).collect();
-        let start = Instant::now();
+        let before: Vec<usize> = self.seqs.iter().map(|s| s.seq.ctx().len()).collect();
+        let start = self.clock.seconds();
         let spent = match self.round() {
             Ok(spent) => spent,
             Err(e) => {
-                self.ready = self.seqs.iter_mut().all(Sequence::resync);
+                self.ready = self.seqs.iter_mut().all(|s| s.seq.resync());
                 return Err(e);
             }
         };
-        let secs = start.elapsed().as_secs_f64();
+        let secs = self.clock.seconds() - start;
         self.costs.observe_other(spent.rows, secs - spent.busy - spent.setup);
         if let Some((drafting, predicted)) = spent.predicted {
-            let tokens: usize = self.seqs.iter().zip(&before).map(|(s, &n)| s.ctx.len() - n).sum();
+            let tokens: usize = self.seqs.iter().zip(&before).map(|(s, &n)| s.seq.ctx().len() - n).sum();
             self.costs.observe_outcome(drafting, predicted, tokens as f64 / (secs - spent.setup).max(1e-9));
         }
         let new = self
@@ -260,8 +268,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             .iter_mut()
             .zip(before)
             .map(|(s, n)| {
-                s.stats.decode_secs += secs;
-                (s.id, s.ctx[n..].to_vec())
+                s.seq.stats.decode_secs += secs;
+                (s.id, s.seq.ctx()[n..].to_vec())
             })
             .collect();
         self.retire();
@@ -272,7 +280,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     fn retire(&mut self) {
         let mut i = 0;
         while i < self.seqs.len() {
-            match self.seqs[i].finish {
+            match self.seqs[i].seq.finish() {
                 Some(_) => {
                     let s = self.seqs.remove(i);
                     self.finished.push(s.into_finished());
@@ -284,9 +292,9 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
 
     /// Chooses the k's, drafts, verifies in one pass and judges every sequence.
     fn round(&mut self) -> Result<Spent> {
-        let start = Instant::now();
+        let start = self.clock.seconds();
         let (ks, predicted) = self.choose_ks()?;
-        let calibration = start.elapsed().as_secs_f64();
+        let calibration = self.clock.seconds() - start;
         let catch_up = self.catch_up(&ks)?;
         let (mut busy, mut scored) = (0.0, 0);
         let depth = ks.iter().copied().max().unwrap_or(0);
@@ -294,46 +302,46 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             s.new_block();
         }
         for j in 0..depth {
-            let drafts_now = |i: usize, s: &Sequence<D, T>| ks[i] > j && s.drafting;
+            let drafts_now = |i: usize, s: &Member<D, T>| ks[i] > j && s.drafting;
             let active: Vec<usize> = (0..self.seqs.len()).filter(|&i| drafts_now(i, &self.seqs[i])).collect();
             if active.is_empty() {
                 break;
             }
-            let start = Instant::now();
+            let start = self.clock.seconds();
             let proposals = {
                 let mut drafts: Vec<&mut D> = Vec::with_capacity(active.len());
                 let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(active.len());
                 for (_, s) in self.seqs.iter_mut().enumerate().filter(|(i, s)| drafts_now(*i, s)) {
-                    feeds.push(s.draft_feed()?);
-                    drafts.push(&mut s.draft);
+                    feeds.push(s.seq.draft_feed()?.to_vec());
+                    drafts.push(&mut s.seq.draft);
                 }
                 let feeds: Vec<&[u32]> = feeds.iter().map(Vec::as_slice).collect();
                 D::propose_batch(&mut drafts, &feeds)?
             };
-            let secs = start.elapsed().as_secs_f64();
+            let secs = self.clock.seconds() - start;
             self.costs.observe_draft(active.len(), secs);
             (busy, scored) = (busy + secs, scored + active.len());
             for (&i, proposal) in active.iter().zip(proposals) {
                 let s = &mut self.seqs[i];
-                self.fault.swap_rng(&mut s.rng);
+                self.fault.swap_rng(&mut s.seq.rng);
                 let taken = s.take_proposal(proposal, secs);
-                self.fault.swap_rng(&mut s.rng);
+                self.fault.swap_rng(&mut s.seq.rng);
                 taken?;
             }
         }
         self.fault.stale_q(&mut self.seqs);
-        let start = Instant::now();
+        let start = self.clock.seconds();
         let logits = {
             let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.seqs.len());
             let mut targets: Vec<&mut T> = Vec::with_capacity(self.seqs.len());
             for s in &mut self.seqs {
-                feeds.push(s.target_feed()?);
-                targets.push(&mut s.target);
+                feeds.push(s.seq.target_feed()?);
+                targets.push(&mut s.seq.target);
             }
             let calls: Vec<(&[u32], usize)> = feeds.iter().map(|f| (f.as_slice(), f.len())).collect();
             T::forward_batch(&mut targets, &calls)?
         };
-        let secs = start.elapsed().as_secs_f64();
+        let secs = self.clock.seconds() - start;
         let rows: usize = logits.iter().map(|l| l.rows()).sum();
         self.costs.observe_target(rows, secs);
         let (prior, mut drafted) = (self.pool.alpha(), false);
@@ -348,11 +356,11 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         }
         for (i, rows) in logits.iter().enumerate() {
             let s = &mut self.seqs[i];
-            self.fault.swap_rng(&mut s.rng);
+            self.fault.swap_rng(&mut s.seq.rng);
             let judged = s.judge(rows, secs, prior);
-            self.fault.swap_rng(&mut s.rng);
+            self.fault.swap_rng(&mut s.seq.rng);
             let (k, accepted, keep) = judged?;
-            self.seqs[self.fault.roll_back_slot(i, n)].roll_back_to(keep)?;
+            self.seqs[self.fault.roll_back_slot(i, n)].seq.roll_back_to(keep)?;
             if k > 0 {
                 self.pool.observe(k, accepted);
                 drafted = true;
@@ -368,7 +376,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// adaptive policy whether the step drafts and its predicted tokens per second (catch-up
     /// left out).
     fn choose_ks(&mut self) -> Result<(Vec<usize>, Option<Prediction>)> {
-        let limits: Vec<usize> = self.seqs.iter().map(|s| s.remaining().saturating_sub(1)).collect();
+        let limits: Vec<usize> = self.seqs.iter().map(|s| s.seq.remaining().saturating_sub(1)).collect();
         let mut candidates = Vec::new();
         let chosen = match self.policy {
             BatchPolicy::Plain => vec![0; self.seqs.len()],
@@ -378,10 +386,10 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 // The most rows measured bounds the step's rows.
                 let cap = (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1);
                 for (s, &limit) in self.seqs.iter().zip(&limits) {
-                    let missed = pending(&s.ctx, s.draft.context_len(), "draft")?.len();
+                    let missed = s.seq.draft_missed()?.len();
                     let behind = if missed > 2 { missed - 1 } else { 0 };
                     let limit = limit.min(max_k).min(cap);
-                    candidates.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.remaining() });
+                    candidates.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.seq.remaining() });
                 }
                 self.costs.choose(&candidates)
             }
@@ -403,8 +411,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     fn calibrate(&mut self) -> Result<()> {
         let Some(s) = self.seqs.first_mut() else { return Ok(()) };
         if !self.costs.has_target(1) {
-            let token = s.ctx[s.ctx.len() - 1];
-            self.costs.merge(BatchCosts::measure(&mut s.target, token, MAX_ROWS)?);
+            let token = s.seq.ctx()[s.seq.ctx().len() - 1];
+            self.costs.merge(BatchCosts::measure(&mut s.seq.target, token, MAX_ROWS)?);
         }
         Ok(())
     }
@@ -416,17 +424,17 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let mut drafts: Vec<&mut D> = Vec::new();
         let mut feeds: Vec<&[u32]> = Vec::new();
         for (s, _) in self.seqs.iter_mut().zip(ks).filter(|(_, &k)| k > 0) {
-            let missed = pending(&s.ctx, s.draft.context_len(), "draft")?;
+            let (draft, missed) = s.seq.draft_with_missed()?;
             if missed.len() > 2 {
                 feeds.push(&missed[..missed.len() - 1]);
-                drafts.push(&mut s.draft);
+                drafts.push(draft);
             }
         }
-        let start = Instant::now();
+        let start = self.clock.seconds();
         if !drafts.is_empty() {
             D::propose_batch(&mut drafts, &feeds)?;
         }
-        Ok(start.elapsed().as_secs_f64())
+        Ok(self.clock.seconds() - start)
     }
 }
 

@@ -1,22 +1,20 @@
 //! The speculative decoding loop: draft k tokens, verify them in one target call, keep the
 //! accepted prefix plus one token, roll both models back, repeat.
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-
 mod block;
+mod sequence;
 mod tree;
 
 pub(crate) use block::ChainBlock;
+pub(crate) use sequence::{NoDraft, Sequence};
 
 use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 use crate::error::{Error, Result};
 use crate::kernel::Verdict;
-use crate::model::{DraftModel, TargetModel, TokenModel};
-use crate::sampling::Noise;
+use crate::model::{DraftModel, TargetModel};
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats};
-use crate::stop::{check_prompt, pending, StopRule};
+use crate::stop::StopRule;
 
 /// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
 pub struct DecoderBuilder<D, T> {
@@ -98,33 +96,13 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
     /// token outside the vocabulary.
     pub fn build(self) -> Result<SpeculativeDecoder<D, T>> {
         let k = KController::new(self.policy)?;
-        let (draft, target) = (self.draft.vocab_size(), self.target.vocab_size());
-        if draft != target {
-            return Err(Error::VocabMismatch { draft, target });
-        }
-        self.stop.check(target)?;
         let sampling = match self.seed {
             Some(seed) => self.sampling.with_seed(seed),
             None => self.sampling,
         };
-        Ok(SpeculativeDecoder {
-            rng: StdRng::seed_from_u64(sampling.seed()),
-            draft: self.draft,
-            target: self.target,
-            k,
-            shape: ShapeChooser::new(self.tree),
-            sampling,
-            stop: self.stop,
-            ctx: Vec::new(),
-            prompt_len: 0,
-            finish: None,
-            stats: Stats::default(),
-            ready: false,
-            block: ChainBlock::default(),
-            generations: 0,
-            noise: None,
-            clock: self.clock,
-        })
+        let seq = Sequence::new(self.draft, self.target, sampling, self.stop, self.clock);
+        seq.check()?;
+        Ok(SpeculativeDecoder { seq, k, shape: ShapeChooser::new(self.tree), ready: false })
     }
 }
 
@@ -145,23 +123,12 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
 /// them, so `step` can be called again; if even the roll-back fails, `step` reports
 /// [`Error::NotReady`] until the next `start`.
 pub struct SpeculativeDecoder<D, T> {
-    draft: D,
-    target: T,
+    /// The generation in progress, with the models and settings.
+    seq: Sequence<D, T>,
     k: KController,
     shape: ShapeChooser,
-    sampling: SamplingConfig,
-    stop: StopRule,
-    rng: StdRng,
-    ctx: Vec<u32>,
-    prompt_len: usize,
-    finish: Option<FinishReason>,
-    stats: Stats,
+    /// False before `start` and after a failed roll-back.
     ready: bool,
-    block: ChainBlock,
-    /// Generations started, which key coupled sampling's noise.
-    generations: u64,
-    noise: Option<Noise>,
-    clock: Clock,
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
@@ -203,14 +170,10 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// As [`generate`](Self::generate).
     pub fn generate_with(&mut self, prompt: &[u32], mut on_tokens: impl FnMut(&[u32])) -> Result<Generation> {
         self.start(prompt)?;
-        while self.finish.is_none() {
+        while self.seq.finish().is_none() {
             on_tokens(self.step()?);
         }
-        Ok(Generation {
-            tokens: self.generated().to_vec(),
-            finish: self.finish.unwrap_or(FinishReason::Length),
-            stats: self.stats.clone(),
-        })
+        Ok(self.seq.generation())
     }
 
     /// Resets both models and feeds them the prompt (all but its last token, which the first
@@ -220,29 +183,9 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// Bad prompts and model failures.
     pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.ready = false;
-        check_prompt(prompt, self.target.vocab_size())?;
-        self.ctx = prompt.to_vec();
-        self.prompt_len = prompt.len();
-        self.stats = Stats::default();
-        self.noise = self.sampling.noise(self.generations);
-        self.generations += 1;
-        self.finish = self.stop.finish(&[]);
-        let head = &prompt[..prompt.len() - 1];
         // A draft the controller has given up on is not fed the prompt: it is not expected to
         // draft again, and if it does, its first call catches up on the whole context.
-        let prefill_draft = !self.k.stopped_probing();
-        let (draft, target) = (&mut self.draft, &mut self.target);
-        self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
-            target.truncate(0)?;
-            draft.truncate(0)?;
-            if !head.is_empty() {
-                target.forward(head, 0)?;
-                if prefill_draft {
-                    draft.propose(head)?;
-                }
-            }
-            Ok(())
-        })?;
+        self.seq.start(prompt, !self.k.stopped_probing())?;
         self.ready = true;
         Ok(())
     }
@@ -255,27 +198,20 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         if !self.ready {
             return Err(Error::NotReady("no generation in progress"));
         }
-        if self.finish.is_some() {
+        if self.seq.finish().is_some() {
             return Ok(&[]);
         }
-        let before = self.ctx.len();
-        let start = self.clock.seconds();
+        let before = self.seq.ctx().len();
+        let start = self.seq.clock.seconds();
         let result = self.round();
-        self.stats.decode_secs += self.clock.seconds() - start;
+        self.seq.stats.decode_secs += self.seq.clock.seconds() - start;
         match result {
             Ok(verdict) => {
-                for t in verdict.tokens {
-                    self.ctx.push(t);
-                    self.stats.new_tokens += 1;
-                    self.finish = self.stop.finish(&self.ctx[self.prompt_len..]);
-                    if self.finish.is_some() {
-                        break;
-                    }
-                }
-                Ok(&self.ctx[before..])
+                self.seq.keep(&verdict.tokens);
+                Ok(&self.seq.ctx()[before..])
             }
             Err(e) => {
-                self.resync();
+                self.ready = self.seq.resync();
                 Err(e)
             }
         }
@@ -283,17 +219,17 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
 
     /// The tokens generated so far in the current generation.
     pub fn generated(&self) -> &[u32] {
-        &self.ctx[self.prompt_len.min(self.ctx.len())..]
+        self.seq.generated()
     }
 
     /// Why the current generation finished, if it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
-        self.finish
+        self.seq.finish()
     }
 
     /// Counters and timings of the current generation.
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        &self.seq.stats
     }
 
     /// The k the latest round asked for (before any round, the k the first will ask for); a
@@ -314,28 +250,28 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
 
     /// The draft model.
     pub fn draft(&self) -> &D {
-        &self.draft
+        &self.seq.draft
     }
 
     /// The target model.
     pub fn target(&self) -> &T {
-        &self.target
+        &self.seq.target
     }
 
     /// Gives the models back.
     pub fn into_parts(self) -> (D, T) {
-        (self.draft, self.target)
+        (self.seq.draft, self.seq.target)
     }
 
     /// One round, a chain or a tree as the shape chooser says. Returns the verdict.
     fn round(&mut self) -> Result<Verdict> {
-        let remaining = self.stop.max_new_tokens - (self.ctx.len() - self.prompt_len);
-        let start = self.clock.seconds();
+        let remaining = self.seq.remaining();
+        let start = self.seq.clock.seconds();
         let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
-            Some(b) if remaining > 1 => (self.tree_round(b.at_most_deep(remaining - 1))?, true),
+            Some(b) if remaining > 1 => (self.seq.tree_round(b.at_most_deep(remaining - 1))?, true),
             _ => (self.chain_round(remaining)?, false),
         };
-        self.shape.observe(tree, verdict.tokens.len(), self.clock.seconds() - start);
+        self.shape.observe(tree, verdict.tokens.len(), self.seq.clock.seconds() - start);
         Ok(verdict)
     }
 
@@ -344,86 +280,31 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// k = 0 is a plain step: the target verifies only the pending token and the kernel's bonus
     /// path samples the next one from its row.
     fn chain_round(&mut self, remaining: usize) -> Result<Verdict> {
-        let n = self.ctx.len();
+        let n = self.seq.ctx().len();
         let k = self.k.next_k().min(remaining - 1);
         if k > 0 {
-            self.catch_up_draft()?;
+            self.seq.catch_up_draft()?;
         }
-        let before = (self.stats.draft_calls, self.stats.draft_secs, self.stats.target_secs);
-        self.draft_block(k)?;
-        let verdict = self.verify()?;
-        let drafted = self.block.tokens().len();
-        self.k.observe(&RoundReport {
-            drafted,
-            accepted: verdict.accepted,
-            draft_calls: self.stats.draft_calls - before.0,
-            draft_secs: self.stats.draft_secs - before.1,
-            target_rows: drafted + 1,
-            target_secs: self.stats.target_secs - before.2,
-        });
-        self.stats.record_round(drafted, verdict.accepted);
-        // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
-        self.target.truncate(n + verdict.accepted)?;
-        if self.draft.context_len() > n + verdict.accepted {
-            self.draft.truncate(n + verdict.accepted)?;
-        }
-        Ok(verdict)
-    }
-
-    /// Feeds the draft, in a call of its own, all but the last of the tokens it missed while
-    /// the controller decoded plainly (or skipped its prefill). The round's first draft call
-    /// then takes one or two tokens like any other, so the catch-up work, which grows with the
-    /// plain stretch, does not pass for the cost of a draft call in the controller's estimate
-    /// (it still counts in the statistics). Its proposal is not used: no randomness is drawn.
-    fn catch_up_draft(&mut self) -> Result<()> {
-        let missed = pending(&self.ctx, self.draft.context_len(), "draft")?;
-        if missed.len() > 2 {
-            let (head, draft) = (&missed[..missed.len() - 1], &mut self.draft);
-            self.clock.timed(&mut self.stats.draft_secs, || draft.propose(head))?;
-            self.stats.draft_calls += 1;
-        }
-        Ok(())
-    }
-
-    /// Drafts up to `k` tokens into `self.block`.
-    fn draft_block(&mut self, k: usize) -> Result<()> {
-        let vocab = self.target.vocab_size();
-        self.block.clear(self.ctx.len(), self.noise);
+        let s = &mut self.seq;
+        let before = (s.stats.draft_calls, s.stats.draft_secs, s.stats.target_secs);
+        s.new_block();
         for _ in 0..k {
-            let feed = match self.block.tokens().last() {
-                Some(t) => std::slice::from_ref(t),
-                None => pending(&self.ctx, self.draft.context_len(), "draft")?,
-            };
-            let draft = &mut self.draft;
-            let proposal = self.clock.timed(&mut self.stats.draft_secs, || draft.propose(feed))?;
-            self.stats.draft_calls += 1;
-            if !self.block.push(proposal, &self.sampling, vocab, &mut self.rng)? {
+            if !s.draft_one()? {
                 break;
             }
         }
-        Ok(())
+        let verdict = s.verify()?;
+        let drafted = s.block.tokens().len();
+        self.k.observe(&RoundReport {
+            drafted,
+            accepted: verdict.accepted,
+            draft_calls: s.stats.draft_calls - before.0,
+            draft_secs: s.stats.draft_secs - before.1,
+            target_rows: drafted + 1,
+            target_secs: s.stats.target_secs - before.2,
+        });
+        // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
+        s.roll_back_to(n + verdict.accepted)?;
+        Ok(verdict)
     }
-
-    /// Scores the pending token and the drafts in one target call and judges them.
-    fn verify(&mut self) -> Result<Verdict> {
-        let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
-        feed.extend_from_slice(self.block.tokens());
-        let target = &mut self.target;
-        let logits = self.clock.timed(&mut self.stats.target_secs, || target.forward(&feed, feed.len()))?;
-        self.stats.target_calls += 1;
-        self.block.judge(&logits, &self.sampling, self.target.vocab_size(), &mut self.rng)
-    }
-
-    /// After a failure, rolls both models back to the tokens kept so far.
-    fn resync(&mut self) {
-        self.ready = roll_back(self.ctx.len() - 1, &mut self.draft, &mut self.target);
-    }
-}
-
-/// After a failed round, rolls both models back to `keep` tokens (the context but its pending
-/// last token). True when they hold exactly that, so that the next round can run.
-pub(crate) fn roll_back<D: DraftModel, T: TargetModel>(keep: usize, draft: &mut D, target: &mut T) -> bool {
-    let target_ok = TokenModel::context_len(target) <= keep || TokenModel::truncate(target, keep).is_ok();
-    let draft_ok = draft.context_len() <= keep || draft.truncate(keep).is_ok();
-    target_ok && draft_ok && TokenModel::context_len(target) == keep
 }

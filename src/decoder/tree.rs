@@ -1,17 +1,18 @@
 //! The tree round of [`SpeculativeDecoder`]: the draft proposes a tree, the target scores it
 //! in one call, the kernel walks it, and both models keep the accepted path.
 
-use super::{pending, SpeculativeDecoder};
+use super::Sequence;
 use crate::error::{Error, Result};
 use crate::kernel::{self, DraftRow, TreeNode, Verdict};
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::argmax;
+use crate::stop::pending;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
-impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
+impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// A tree round: the draft proposes a tree, the target scores it in one call, the kernel
     /// walks it, and both models keep the accepted path.
-    pub(super) fn tree_round(&mut self, budget: TreeBudget) -> Result<Verdict> {
+    pub fn tree_round(&mut self, budget: TreeBudget) -> Result<Verdict> {
         let n = self.ctx.len();
         let feed = pending(&self.ctx, self.draft.context_len(), "draft")?;
         let mut picker = ChildPicker::new(&self.sampling, &mut self.rng);

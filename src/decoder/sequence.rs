@@ -1,0 +1,294 @@
+//! One generation in progress: the sequence engine under every decoder.
+//!
+//! A [`Sequence`] holds the two models, the context, the settings, the random number generator
+//! and the block being drafted, and does what every decoder does alike: start (check the
+//! prompt, reset and prefill), draft a token into the block, judge the block against the
+//! target's rows, keep the verdict's tokens up to a stop, and roll both models back.
+//! [`SpeculativeDecoder`](super::SpeculativeDecoder) drives one, the
+//! [`BatchDecoder`](crate::BatchDecoder) several (batching their model calls), and the
+//! [`PlainDecoder`](crate::PlainDecoder) one whose blocks are always empty ([`NoDraft`]): a
+//! round with no draft is a plain step, the bonus token drawn from the target's row.
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::ChainBlock;
+use crate::error::{Error, Result};
+use crate::kernel::Verdict;
+use crate::model::{DraftModel, Logits, Proposal, TargetModel, TokenModel};
+use crate::sampling::{Noise, SamplingConfig};
+use crate::stats::{Clock, FinishReason, Generation, Stats};
+use crate::stop::{check_prompt, pending, StopRule};
+
+pub(crate) struct Sequence<D, T> {
+    pub draft: D,
+    pub target: T,
+    pub sampling: SamplingConfig,
+    pub stop: StopRule,
+    pub rng: StdRng,
+    /// Where call times are read.
+    pub clock: Clock,
+    pub stats: Stats,
+    /// The block being drafted.
+    pub block: ChainBlock,
+    pub(super) ctx: Vec<u32>,
+    prompt_len: usize,
+    finish: Option<FinishReason>,
+    /// Coupled sampling's noise for the current generation.
+    pub(super) noise: Option<Noise>,
+    /// Generations started, which key coupled sampling's noise.
+    generations: u64,
+}
+
+impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
+    /// A sequence of `draft` and `target` with these settings; see [`check`](Self::check).
+    pub fn new(draft: D, target: T, sampling: SamplingConfig, stop: StopRule, clock: Clock) -> Self {
+        Self {
+            draft,
+            target,
+            rng: StdRng::seed_from_u64(sampling.seed()),
+            sampling,
+            stop,
+            clock,
+            stats: Stats::default(),
+            block: ChainBlock::default(),
+            ctx: Vec::new(),
+            prompt_len: 0,
+            finish: None,
+            noise: None,
+            generations: 0,
+        }
+    }
+
+    /// Checks that the models share a vocabulary and that the stop tokens lie in it.
+    ///
+    /// # Errors
+    /// [`Error::VocabMismatch`], [`Error::TokenOutOfRange`].
+    pub fn check(&self) -> Result<()> {
+        let (draft, target) = (self.draft.vocab_size(), self.target.vocab_size());
+        if draft != target {
+            return Err(Error::VocabMismatch { draft, target });
+        }
+        self.stop.check(target)
+    }
+
+    /// Starts a generation: checks the prompt, resets both models and feeds the target all but
+    /// the prompt's last token (which the first round feeds). The draft is fed too when
+    /// `prefill_draft`; otherwise its first draft call catches up on the context.
+    ///
+    /// # Errors
+    /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
+    pub fn start(&mut self, prompt: &[u32], prefill_draft: bool) -> Result<()> {
+        check_prompt(prompt, self.target.vocab_size())?;
+        self.ctx = prompt.to_vec();
+        self.prompt_len = prompt.len();
+        self.stats = Stats::default();
+        self.noise = self.sampling.noise(self.generations);
+        self.generations += 1;
+        self.finish = self.stop.finish(&[]);
+        let head = &prompt[..prompt.len() - 1];
+        let (draft, target) = (&mut self.draft, &mut self.target);
+        self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
+            target.truncate(0)?;
+            draft.truncate(0)?;
+            if !head.is_empty() {
+                target.forward(head, 0)?;
+                if prefill_draft {
+                    draft.propose(head)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The context: the prompt and the tokens kept so far.
+    pub fn ctx(&self) -> &[u32] {
+        &self.ctx
+    }
+
+    /// The tokens generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.ctx[self.prompt_len.min(self.ctx.len())..]
+    }
+
+    /// Why the generation finished, if it has.
+    pub fn finish(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Tokens left before `max_new_tokens` (at least 1 while the generation runs).
+    pub fn remaining(&self) -> usize {
+        self.stop.max_new_tokens.saturating_sub(self.ctx.len() - self.prompt_len)
+    }
+
+    /// The context's tokens the draft has not seen.
+    pub fn draft_missed(&self) -> Result<&[u32]> {
+        pending(&self.ctx, self.draft.context_len(), "draft")
+    }
+
+    /// The draft, with the context's tokens it has not seen (for a batched catch-up call).
+    pub fn draft_with_missed(&mut self) -> Result<(&mut D, &[u32])> {
+        let missed = pending(&self.ctx, self.draft.context_len(), "draft")?;
+        Ok((&mut self.draft, missed))
+    }
+
+    /// Empties the block for a new round.
+    pub fn new_block(&mut self) {
+        self.block.clear(self.ctx.len(), self.noise);
+    }
+
+    /// What the draft is fed next: the last drafted token, or the tokens it has not seen.
+    pub fn draft_feed(&self) -> Result<&[u32]> {
+        match self.block.tokens().last() {
+            Some(t) => Ok(std::slice::from_ref(t)),
+            None => self.draft_missed(),
+        }
+    }
+
+    /// What the target scores: the pending token(s), then the drafts.
+    pub fn target_feed(&self) -> Result<Vec<u32>> {
+        let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
+        feed.extend_from_slice(self.block.tokens());
+        Ok(feed)
+    }
+
+    /// Counts a draft call of `secs` and turns its proposal into the block's next token (see
+    /// [`ChainBlock::push`]). False when the draft proposed nothing.
+    pub fn take_proposal(&mut self, proposal: Proposal, secs: f64) -> Result<bool> {
+        self.stats.draft_calls += 1;
+        self.stats.draft_secs += secs;
+        let vocab = self.target.vocab_size();
+        self.block.push(proposal, &self.sampling, vocab, &mut self.rng)
+    }
+
+    /// Drafts one token into the block with a draft call of its own. False when the draft
+    /// proposed nothing.
+    pub fn draft_one(&mut self) -> Result<bool> {
+        let start = self.clock.seconds();
+        let proposal = match self.block.tokens().last() {
+            Some(&t) => self.draft.propose(&[t]),
+            None => match pending(&self.ctx, self.draft.context_len(), "draft") {
+                Ok(feed) => self.draft.propose(feed),
+                Err(e) => Err(e),
+            },
+        };
+        let secs = self.clock.seconds() - start;
+        match proposal {
+            Ok(p) => self.take_proposal(p, secs),
+            Err(e) => {
+                self.stats.draft_secs += secs;
+                Err(e)
+            }
+        }
+    }
+
+    /// Feeds the draft, in a call of its own, all but the last of the tokens it missed while
+    /// the controller decoded plainly (or skipped its prefill). The round's first draft call
+    /// then takes one or two tokens like any other, so the catch-up work, which grows with the
+    /// plain stretch, does not pass for the cost of a draft call in the controller's estimate
+    /// (it still counts in the statistics). Its proposal is not used: no randomness is drawn.
+    pub fn catch_up_draft(&mut self) -> Result<()> {
+        let missed = pending(&self.ctx, self.draft.context_len(), "draft")?;
+        if missed.len() > 2 {
+            let (head, draft) = (&missed[..missed.len() - 1], &mut self.draft);
+            self.clock.timed(&mut self.stats.draft_secs, || draft.propose(head))?;
+            self.stats.draft_calls += 1;
+        }
+        Ok(())
+    }
+
+    /// Counts a target call of `secs` and judges the block against its rows (one for the
+    /// pending token, one per draft).
+    pub fn judge(&mut self, logits: &Logits, secs: f64) -> Result<Verdict> {
+        self.stats.target_calls += 1;
+        self.stats.target_secs += secs;
+        let vocab = self.target.vocab_size();
+        let verdict = self.block.judge(logits, &self.sampling, vocab, &mut self.rng)?;
+        self.stats.record_round(self.block.tokens().len(), verdict.accepted);
+        Ok(verdict)
+    }
+
+    /// Scores the pending token and the block in one target call of its own and judges them.
+    pub fn verify(&mut self) -> Result<Verdict> {
+        let feed = self.target_feed()?;
+        let start = self.clock.seconds();
+        let logits = self.target.forward(&feed, feed.len());
+        let secs = self.clock.seconds() - start;
+        match logits {
+            Ok(logits) => self.judge(&logits, secs),
+            Err(e) => {
+                self.stats.target_secs += secs;
+                Err(e)
+            }
+        }
+    }
+
+    /// Appends a round's tokens to the context, up to the first that ends the generation.
+    pub fn keep(&mut self, tokens: &[u32]) {
+        for &t in tokens {
+            self.ctx.push(t);
+            self.stats.new_tokens += 1;
+            self.finish = self.stop.finish(&self.ctx[self.prompt_len..]);
+            if self.finish.is_some() {
+                break;
+            }
+        }
+    }
+
+    /// Rolls both models back to their first `keep` tokens after a round (the accepted part;
+    /// the last token kept is fed next round).
+    pub fn roll_back_to(&mut self, keep: usize) -> Result<()> {
+        self.target.truncate(keep)?;
+        if self.draft.context_len() > keep {
+            self.draft.truncate(keep)?;
+        }
+        Ok(())
+    }
+
+    /// After a failed round, rolls both models back to the tokens kept so far (all but the
+    /// pending last one). True when they hold exactly that, so that the next round can run.
+    pub fn resync(&mut self) -> bool {
+        let keep = self.ctx.len().saturating_sub(1);
+        let target_ok = self.target.context_len() <= keep || self.target.truncate(keep).is_ok();
+        let draft_ok = self.draft.context_len() <= keep || self.draft.truncate(keep).is_ok();
+        target_ok && draft_ok && self.target.context_len() == keep
+    }
+
+    /// The generation so far: its tokens, why it finished (the length limit when it has not)
+    /// and its statistics.
+    pub fn generation(&self) -> Generation {
+        Generation {
+            tokens: self.generated().to_vec(),
+            finish: self.finish.unwrap_or(FinishReason::Length),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// The draft of a plain decoder: it never proposes, so every round is a plain step.
+pub(crate) struct NoDraft {
+    pub vocab: usize,
+}
+
+impl TokenModel for NoDraft {
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn context_len(&self) -> usize {
+        0
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        match len {
+            0 => Ok(()),
+            _ => Err(Error::BadTruncate { len: 0, to: len }),
+        }
+    }
+}
+
+impl DraftModel for NoDraft {
+    fn propose(&mut self, _tokens: &[u32]) -> Result<Proposal> {
+        Ok(Proposal::Nothing)
+    }
+}
