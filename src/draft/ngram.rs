@@ -181,7 +181,8 @@ mod tests {
     #[test]
     fn trees_hold_one_branch_per_distinct_continuation() -> Result<()> {
         let mut d = NGramDraft::new(10)?;
-        let (sampling, mut rng) = (crate::SamplingConfig::greedy(), rand::SeedableRng::seed_from_u64(0));
+        let (sampling, mut rng) =
+            (crate::SamplingConfig::greedy(), <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0));
         let picker = &mut ChildPicker::new(&sampling, &mut rng);
         // "5" is followed by 6 7 and, more recently, by 8 9; "4 5" only by 6 7.
         let tree = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 8, 1)?, picker)?;

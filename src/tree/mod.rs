@@ -8,7 +8,7 @@
 //! and a sampled node must be a fresh draw from its row; the kernel's tree rule then emits
 //! exactly the target's distribution (see [`verify_tree`](crate::kernel::verify_tree)).
 
-use rand::rngs::StdRng;
+use rand::Rng;
 
 mod shape;
 
@@ -252,16 +252,18 @@ pub struct Child {
 
 /// Turns a drafter's logits row into children, with the decoder's sampling settings and
 /// random number generator, so that drafts are processed exactly as the target's rows are.
+/// Any generator serves (the decoders pass their `StdRng`; tests may pass a counting or a
+/// fixed one).
 pub struct ChildPicker<'a> {
     sampling: &'a SamplingConfig,
-    rng: &'a mut StdRng,
+    rng: &'a mut dyn Rng,
     /// Coupled sampling: the noise and the position of the root's children.
     coupled: Option<(Noise, u64)>,
 }
 
 impl<'a> ChildPicker<'a> {
     /// A picker sampling with `sampling` from `rng`.
-    pub fn new(sampling: &'a SamplingConfig, rng: &'a mut StdRng) -> Self {
+    pub fn new(sampling: &'a SamplingConfig, rng: &'a mut dyn Rng) -> Self {
         Self { sampling, rng, coupled: None }
     }
 
@@ -363,7 +365,7 @@ fn top_indices(row: &[f32], width: usize, skip: Option<u32>, keep: impl Fn(f32) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
+    use rand::{rngs::StdRng, SeedableRng};
 
     #[test]
     fn a_nodes_line_runs_up_to_the_root() -> Result<()> {
