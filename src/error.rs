@@ -51,9 +51,15 @@ pub enum Error {
     #[error("the decoder needs a new `start` ({0})")]
     NotReady(&'static str),
 
-    /// A model file is missing, truncated, corrupt or of a kind we cannot read.
+    /// A model file is missing, truncated, corrupt or of a kind we cannot read (`source`: the
+    /// I/O, parser or candle error underneath, when there was one).
     #[error("cannot load model from {path}: {reason}")]
-    Load { path: PathBuf, reason: String },
+    Load {
+        path: PathBuf,
+        reason: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
     /// The model's architecture is not one this crate implements.
     #[error("unsupported architecture `{0}` (supported: llama-family models)")]
@@ -118,6 +124,18 @@ impl Error {
     /// [`Error::Hub`] with `message` and no source.
     pub fn hub(message: impl Into<String>) -> Self {
         Error::Hub { message: message.into(), source: None }
+    }
+
+    /// [`Error::Load`] of `path` with `reason` and no source.
+    pub fn load(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::Load { path: path.into(), reason: reason.into(), source: None }
+    }
+
+    /// [`Error::Load`] of `path` with `reason`, the error underneath written after it and kept
+    /// as its source.
+    pub fn load_from(path: impl Into<PathBuf>, reason: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = source.into();
+        Error::Load { path: path.into(), reason: format!("{reason}: {source}"), source: Some(source) }
     }
 
     /// Shorthand for [`Error::InvalidSetting`].

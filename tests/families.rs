@@ -302,7 +302,7 @@ fn write_hf(family: Family, dir: &Path) -> Result<()> {
 }
 
 fn json_error(dir: &Path, e: serde_json::Error) -> specdec::Error {
-    specdec::Error::Load { path: dir.into(), reason: e.to_string() }
+    specdec::Error::load_from(dir, "config.json", e)
 }
 
 /// candle-transformers' safetensors model of `family`, fresh per call: last-position logits.

@@ -175,7 +175,10 @@ fn missing_truncated_and_corrupt_files_are_typed_errors() {
         assert!(matches!(load_err(&path), Error::Load { .. }), "cut at {cut}");
     }
     let path = copy_model("magic", |b| b[0] ^= 0xff).expect("model present");
-    assert!(matches!(load_err(&path), Error::Load { .. }));
+    let e = load_err(&path);
+    assert!(matches!(e, Error::Load { .. }));
+    // The parser's own error stays reachable as the source.
+    assert!(std::error::Error::source(&e).is_some(), "{e} has no source");
     // Flipping any single byte of the header must never panic: it loads or fails cleanly.
     for i in (0..4096).step_by(7) {
         let path = copy_model("flip", |b| b[i] ^= 0x5a).expect("model present");

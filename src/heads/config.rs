@@ -125,12 +125,11 @@ impl HeadFiles {
         } else if path.is_dir() {
             path.to_path_buf()
         } else {
-            return Err(Error::Load {
-                path: path.into(),
-                reason: "not a folder with config.json and *.safetensors (a hub head is written hf:org/name)".into(),
-            });
+            return Err(Error::load(
+                path,
+                "not a folder with config.json and *.safetensors (a hub head is written hf:org/name)",
+            ));
         };
-        let fail = |reason: String| Error::Load { path: dir.clone(), reason };
         let (config, st): (HeadConfig, _) = open_folder(&dir)?;
         let mut tensors = HashMap::new();
         for (name, view) in st.views() {
@@ -138,7 +137,7 @@ impl HeadFiles {
             if view.dtype() == safetensors::Dtype::BOOL {
                 continue;
             }
-            let t = st.load(&name, device).map_err(|e| fail(format!("{name}: {e}")))?;
+            let t = st.load(&name, device).map_err(|e| Error::load_from(&dir, &name, e))?;
             tensors.insert(name, f32_on(t, device)?);
         }
         Ok(Self { path: dir, config, tensors })

@@ -81,10 +81,7 @@ impl TargetParts {
         let output = if tied { embed.clone() } else { read("output.weight")? };
         for (name, t) in [("token_embd.weight", &embed), ("output.weight", &output)] {
             if t.dims() != [config.vocab_size, config.hidden_size] {
-                return Err(Error::Load {
-                    path: files.name().into(),
-                    reason: format!("{name} has shape {:?}", t.dims()),
-                });
+                return Err(Error::load(files.name(), format!("{name} has shape {:?}", t.dims())));
             }
         }
         Ok(Self { config, embed, output })

@@ -43,8 +43,7 @@ impl GgufFile {
     /// [`Error::Load`] for a missing, truncated or corrupt file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file =
-            File::open(&path).map_err(|e| Error::Load { path: path.clone(), reason: format!("cannot open: {e}") })?;
+        let file = File::open(&path).map_err(|e| Error::load_from(&path, "cannot open", e))?;
         Self::from_reader(Box::new(BufReader::new(file)), path)
     }
 
@@ -58,12 +57,12 @@ impl GgufFile {
     }
 
     fn from_reader(mut reader: Box<dyn Source>, path: PathBuf) -> Result<Self> {
-        let fail = |reason: String| Error::Load { path: path.clone(), reason };
+        let fail = |reason: String| Error::load(path.clone(), reason);
         let len = reader.seek(SeekFrom::End(0))?;
         reader.seek(SeekFrom::Start(0))?;
-        check_header(&mut reader, len).map_err(|e| fail(format!("not a readable GGUF file: {e}")))?;
+        check_header(&mut reader, len).map_err(|e| Error::load_from(&path, "not a readable GGUF file", e))?;
         reader.seek(SeekFrom::Start(0))?;
-        let content = Content::read(&mut reader).map_err(|e| fail(format!("not a readable GGUF file: {e}")))?;
+        let content = Content::read(&mut reader).map_err(|e| Error::load_from(&path, "not a readable GGUF file", e))?;
         for (name, info) in &content.tensor_infos {
             let end = tensor_bytes(info)
                 .and_then(|size| size.checked_add(content.tensor_data_offset))
@@ -104,7 +103,7 @@ impl GgufFile {
         }
         self.content
             .tensor(&mut self.reader, name, device)
-            .map_err(|e| Error::Load { path: self.path.clone(), reason: format!("tensor `{name}`: {e}") })
+            .map_err(|e| Error::load_from(&self.path, format!("tensor `{name}`"), e))
     }
 
     fn get_u32(&self, key: &str) -> Result<u32> {
@@ -122,7 +121,7 @@ impl GgufFile {
     }
 
     fn bad(&self, reason: String) -> Error {
-        Error::Load { path: self.path.clone(), reason }
+        Error::load(self.path.clone(), reason)
     }
 
     /// The model's family, from `general.architecture`.

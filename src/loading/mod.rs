@@ -74,7 +74,7 @@ impl ModelFiles {
             true => format!("no such file or folder (a hub model is written {HUB_PREFIX}{spec})"),
             false => "no such file or folder".into(),
         };
-        Err(Error::Load { path: path.to_path_buf(), reason })
+        Err(Error::load(path, reason))
     }
 
     /// A short name for reports.

@@ -27,10 +27,10 @@ pub(crate) struct Tensors(Vec<BufferedSafetensors>);
 
 impl Tensors {
     /// Reads `files`.
-    fn read(files: &[PathBuf], fail: impl Fn(String) -> Error) -> Result<Self> {
+    fn read(files: &[PathBuf]) -> Result<Self> {
         let read = |f: &PathBuf| {
-            let bytes = std::fs::read(f).map_err(|e| fail(format!("{}: {e}", f.display())))?;
-            BufferedSafetensors::new(bytes).map_err(|e| fail(format!("{}: safetensors: {e}", f.display())))
+            let bytes = std::fs::read(f).map_err(|e| Error::load_from(f, "cannot read", e))?;
+            BufferedSafetensors::new(bytes).map_err(|e| Error::load_from(f, "not a safetensors file", e))
         };
         files.iter().map(read).collect::<Result<_>>().map(Self)
     }
@@ -58,9 +58,9 @@ impl Tensors {
 /// [`Error::Load`] for a missing or malformed config, no safetensors file (naming
 /// `pytorch_model.bin` when that is all there is), or corrupt files.
 pub(crate) fn open_folder<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(C, Tensors)> {
-    let fail = |reason: String| Error::Load { path: dir.to_path_buf(), reason };
-    let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| fail(format!("config.json: {e}")))?;
-    let config: C = serde_json::from_str(&text).map_err(|e| fail(format!("config.json: {e}")))?;
+    let fail = |reason: String| Error::load(dir.to_path_buf(), reason);
+    let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| Error::load_from(dir, "config.json", e))?;
+    let config: C = serde_json::from_str(&text).map_err(|e| Error::load_from(dir, "config.json", e))?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -73,7 +73,7 @@ pub(crate) fn open_folder<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<
         };
         return Err(fail(reason.into()));
     }
-    Ok((config, Tensors::read(&files, fail)?))
+    Ok((config, Tensors::read(&files)?))
 }
 
 impl SafetensorsDir {

@@ -146,10 +146,7 @@ fn read_checked(source: &mut dyn TensorSource, name: &str, shape: &[usize], devi
 /// [`Error::Load`] unless `got == want`.
 pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<()> {
     if got != want {
-        return Err(Error::Load {
-            path: name.into(),
-            reason: format!("tensor `{name}` has shape {got:?}, expected {want:?}"),
-        });
+        return Err(Error::load(name, format!("tensor `{name}` has shape {got:?}, expected {want:?}")));
     }
     Ok(())
 }
@@ -178,10 +175,10 @@ pub(crate) fn split_rows<const N: usize>(t: &QTensor, rows: [usize; N], device: 
     let total = dims.first().copied().unwrap_or(0);
     if rows.iter().sum::<usize>() != total || dims.len() != 2 {
         let reason = format!("cannot split a tensor of shape {dims:?} into rows {rows:?}");
-        return Err(Error::Load { path: "".into(), reason });
+        return Err(Error::load("", reason));
     }
     if total == 0 {
-        return Err(Error::Load { path: "".into(), reason: "cannot split a tensor of no rows".into() });
+        return Err(Error::load("", "cannot split a tensor of no rows"));
     }
     let data = t.data()?;
     let row_bytes = data.len() / total;
@@ -192,7 +189,7 @@ pub(crate) fn split_rows<const N: usize>(t: &QTensor, rows: [usize; N], device: 
         parts.push(QTensor::new(QStorage::from_data(Cow::Owned(bytes), device, t.dtype())?, (r, dims[1]))?);
         start += r;
     }
-    parts.try_into().map_err(|_| Error::Load { path: "".into(), reason: "split".into() })
+    parts.try_into().map_err(|_| Error::load("", "split"))
 }
 
 /// Puts the query and key rows of tensor `name` (HF files, Qwen, Gemma and Phi-3 GGUF files
@@ -224,7 +221,7 @@ pub(crate) fn to_interleaved(
     };
     if all == 0 || !rows.is_multiple_of(all) {
         let reason = format!("`{name}`: {rows} rows do not split into {all} heads");
-        return Err(Error::Load { path: "".into(), reason });
+        return Err(Error::load("", reason));
     }
     let hd = rows / all;
     reorder_heads(&t, hd, reordered * hd, device)
@@ -243,7 +240,7 @@ fn reorder_heads(t: &QTensor, hd: usize, count: usize, device: &Device) -> Resul
     let fits = rows > 0 && hd > 0 && hd.is_multiple_of(2) && count.is_multiple_of(hd) && count <= rows;
     if !fits || (dims.len() == 1 && t.dtype().block_size() != 1) {
         let reason = format!("cannot reorder {count} query/key rows of {hd} per head in a tensor of shape {dims:?}");
-        return Err(Error::Load { path: "".into(), reason });
+        return Err(Error::load("", reason));
     }
     let data = t.data()?;
     let (row_bytes, half) = (data.len() / rows, hd / 2);
