@@ -450,3 +450,25 @@ fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> 
     assert!(faulty.map_or(true, |got| got != plain), "a roll-back on the wrong cache went unnoticed");
     Ok(())
 }
+
+#[test]
+fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
+    let (target, draft) = MarkovModel::pair(16, 0.2, 7);
+    let mut batch = BatchDecoder::new(BatchPolicy::default())?;
+    // Nothing to time without a sequence; a sequence's first step would time it.
+    batch.calibrate()?;
+    assert_eq!(batch.costs().target_secs(1), None);
+    batch.add(draft.clone(), target.clone(), Request::new(vec![1, 2]).max_new_tokens(8))?;
+    batch.calibrate()?;
+    let t1 = batch.costs().target_secs(1);
+    assert!(t1.is_some(), "T(1) measured by the explicit call");
+    // The target was rolled back to its prompt: the generation runs as usual.
+    let done = batch.run()?;
+    assert_eq!(done[0].generation.tokens.len(), 8);
+    // Without the call, the first adaptive step measures it.
+    let mut lazy = BatchDecoder::new(BatchPolicy::default())?;
+    lazy.add(draft, target, Request::new(vec![1, 2]).max_new_tokens(8))?;
+    lazy.step()?;
+    assert!(lazy.costs().target_secs(1).is_some());
+    Ok(())
+}

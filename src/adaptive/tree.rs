@@ -6,6 +6,7 @@
 //! on a CPU) and the wider draft calls. Both sides of that trade are what the chooser
 //! measures: each shape's tokens per second, acceptance and costs together.
 
+use super::{PROBE_BUDGET, PROBE_MAX_GAP};
 use crate::error::{Error, Result};
 use crate::tree::TreeBudget;
 
@@ -56,12 +57,10 @@ impl std::fmt::Display for TreePolicy {
 const WARMUP_ROUNDS: usize = 24;
 /// Tree rounds in a row when trees are first tried, so the first estimate is not one round's.
 const FIRST_TREE_ROUNDS: usize = 3;
-/// At most every this many rounds, one of the shape not in use;
+/// At most every this many rounds, one of the shape not in use; spaced so that probes cost
+/// about `PROBE_BUDGET` of the time, but at least every `PROBE_MAX_GAP` rounds (the k
+/// controller's probing rule).
 const PROBE_MIN_GAP: usize = 12;
-/// spaced so that probes cost about this fraction of the time,
-const PROBE_BUDGET: f64 = 0.02;
-/// but at least this often.
-const PROBE_MAX_GAP: usize = 256;
 /// Weight of a new round in each shape's moving averages.
 const WEIGHT: f64 = 0.25;
 

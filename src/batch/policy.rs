@@ -62,8 +62,6 @@ const MAX_K: usize = 32;
 
 /// Weight of a new measurement in the running averages.
 const NEW: f64 = 0.2;
-/// How far the drafting correction moves back toward none after a plain step.
-const RELAX: f64 = 0.01;
 
 /// One sequence as the adaptive policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -225,7 +223,7 @@ impl BatchCosts {
             *b = (1.0 - NEW) * *b + NEW * (measured / predicted).clamp(0.2, 5.0);
         }
         if !drafting {
-            self.bias[1] += RELAX * (1.0 - self.bias[1]);
+            self.bias[1] += super::RELAX * (1.0 - self.bias[1]);
         }
     }
 

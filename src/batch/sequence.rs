@@ -12,9 +12,6 @@ use crate::stats::Clock;
 const KEEP: f64 = 0.95;
 /// Positions' worth of the prior an estimate starts from (it fades like the counts).
 const PRIOR_WEIGHT: f64 = 8.0;
-/// How far an estimate moves toward its prior in a step without drafting (half-way in about
-/// 70 steps).
-pub(super) const RELAX: f64 = 0.01;
 
 /// An estimate of the chance that a drafted position is accepted: faded counts of accepted
 /// and judged positions, starting from a prior.
@@ -39,7 +36,7 @@ impl Acceptance {
     /// sequence that did not draft does each step, so that an estimate a few unlucky rounds
     /// pulled down is tried again in time rather than never.
     pub fn relax(&mut self, alpha: f64) {
-        self.accepted += RELAX * (alpha * self.judged - self.accepted);
+        self.accepted += super::RELAX * (alpha * self.judged - self.accepted);
     }
 
     /// Counts a round that drafted `k` tokens (k > 0) and kept `accepted` of them: positions
