@@ -7,10 +7,12 @@
 //! step) when speculation does not pay. Decoding stays exact whatever k is picked, because k is
 //! fixed from past rounds before the round's own random draws.
 
+mod acceptance;
 mod policy;
 mod speedup;
 mod tree;
 
+pub(crate) use acceptance::Acceptance;
 pub use policy::{KPolicy, DEFAULT_MAX_K};
 pub use speedup::{best_k, expected_speedup, verify_costs};
 pub use tree::{ShapeChooser, TreePolicy};
@@ -251,8 +253,7 @@ fn probe(best: usize, max: usize, nth: usize) -> usize {
 /// The adaptive controller's moving estimates.
 #[derive(Debug, Clone)]
 struct Estimates {
-    accepted: f64,
-    rejected: f64,
+    acceptance: Acceptance,
     draft_secs: Option<f64>,
     /// T(m) at index m − 1.
     verify_secs: Vec<Option<f64>>,
@@ -261,15 +262,14 @@ struct Estimates {
 impl Estimates {
     fn new(max_k: usize) -> Self {
         Self {
-            accepted: PRIOR_ALPHA * PRIOR_TRIALS,
-            rejected: (1.0 - PRIOR_ALPHA) * PRIOR_TRIALS,
+            acceptance: Acceptance::prior(PRIOR_ALPHA, PRIOR_TRIALS),
             draft_secs: None,
             verify_secs: vec![None; max_k + 1],
         }
     }
 
     fn alpha(&self) -> f64 {
-        self.accepted / (self.accepted + self.rejected)
+        self.acceptance.alpha()
     }
 
     /// The time of a draft call and T(m) for m = 1..=max + 1.
@@ -297,8 +297,7 @@ impl Estimates {
 
     fn observe(&mut self, r: &RoundReport) {
         let decay = if r.drafted > 0 { ALPHA_DECAY } else { PLAIN_DECAY };
-        self.accepted = decay * self.accepted + r.accepted.min(r.drafted) as f64;
-        self.rejected = decay * self.rejected + f64::from(u8::from(r.accepted < r.drafted));
+        self.acceptance.observe(r.drafted, r.accepted, decay);
         if r.draft_calls > 0 {
             average_in(&mut self.draft_secs, r.draft_secs / r.draft_calls as f64);
         }

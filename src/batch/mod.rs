@@ -17,8 +17,9 @@ mod sequence;
 pub use fault::Fault;
 use fault::Injected;
 pub use policy::{BatchCosts, BatchPolicy, Candidate};
-use sequence::{Acceptance, Member};
+use sequence::Member;
 
+use crate::adaptive::Acceptance;
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
@@ -140,6 +141,11 @@ pub struct BatchDecoder<D, T> {
     fault: Injected,
 }
 
+/// How much of the last rounds' acceptance counts stays each round (older rounds fade).
+const KEEP: f64 = 0.95;
+/// Positions' worth of the prior an acceptance estimate starts from (it fades like the
+/// counts).
+const PRIOR_WEIGHT: f64 = 8.0;
 /// How far an estimate moves back toward its prior in a step without drafting (half-way in
 /// about 70 steps): a sequence's acceptance, the pooled one, and the policy's correction of
 /// drafting steps.
@@ -174,7 +180,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             costs,
             next_id: 0,
             ready: true,
-            pool: Acceptance::prior(FIRST_ALPHA),
+            pool: Acceptance::prior(FIRST_ALPHA, PRIOR_WEIGHT),
             clock: Clock::wall(),
             fault: Injected::new(None),
         })
@@ -369,12 +375,12 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             let (k, accepted, keep) = judged?;
             self.seqs[self.fault.roll_back_slot(i, n)].seq.roll_back_to(keep)?;
             if k > 0 {
-                self.pool.observe(k, accepted);
+                self.pool.observe(k, accepted, KEEP);
                 drafted = true;
             }
         }
         if !drafted {
-            self.pool.relax(FIRST_ALPHA);
+            self.pool.relax(FIRST_ALPHA, RELAX);
         }
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }

@@ -3,49 +3,12 @@
 //! and its own k if the request fixed one.
 
 use super::{Finished, Request, SeqId};
+use super::{KEEP, PRIOR_WEIGHT, RELAX};
+use crate::adaptive::Acceptance;
 use crate::decoder::Sequence;
 use crate::error::Result;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel};
 use crate::stats::Clock;
-
-/// How much of the last rounds' acceptance counts stays each round (older rounds fade).
-const KEEP: f64 = 0.95;
-/// Positions' worth of the prior an estimate starts from (it fades like the counts).
-const PRIOR_WEIGHT: f64 = 8.0;
-
-/// An estimate of the chance that a drafted position is accepted: faded counts of accepted
-/// and judged positions, starting from a prior.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Acceptance {
-    accepted: f64,
-    judged: f64,
-}
-
-impl Acceptance {
-    /// An estimate that starts at `alpha`.
-    pub fn prior(alpha: f64) -> Self {
-        Self { accepted: alpha * PRIOR_WEIGHT, judged: PRIOR_WEIGHT }
-    }
-
-    /// The estimate.
-    pub fn alpha(&self) -> f64 {
-        self.accepted / self.judged
-    }
-
-    /// Moves the estimate a step of `RELAX` toward `alpha`, keeping its weight: what a
-    /// sequence that did not draft does each step, so that an estimate a few unlucky rounds
-    /// pulled down is tried again in time rather than never.
-    pub fn relax(&mut self, alpha: f64) {
-        self.accepted += super::RELAX * (alpha * self.judged - self.accepted);
-    }
-
-    /// Counts a round that drafted `k` tokens (k > 0) and kept `accepted` of them: positions
-    /// up to the first rejection were judged.
-    pub fn observe(&mut self, k: usize, accepted: usize) {
-        self.accepted = KEEP * self.accepted + accepted as f64;
-        self.judged = KEEP * self.judged + (accepted + 1).min(k) as f64;
-    }
-}
 
 pub(super) struct Member<D, T> {
     pub id: SeqId,
@@ -68,7 +31,7 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
         seq.check()?;
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
         seq.start(&r.prompt, false)?;
-        Ok(Self { id, seq, acceptance: Acceptance::prior(prior), drafting: true, fixed_k: r.k })
+        Ok(Self { id, seq, acceptance: Acceptance::prior(prior, PRIOR_WEIGHT), drafting: true, fixed_k: r.k })
     }
 
     /// The estimated chance that a drafted position is accepted.
@@ -97,9 +60,9 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
         let (k, n) = (self.seq.block.tokens().len(), self.seq.ctx().len());
         let verdict = self.seq.judge(logits, secs)?;
         if k > 0 {
-            self.acceptance.observe(k, verdict.accepted);
+            self.acceptance.observe(k, verdict.accepted, KEEP);
         } else {
-            self.acceptance.relax(prior);
+            self.acceptance.relax(prior, RELAX);
         }
         self.seq.keep(&verdict.tokens);
         Ok((k, verdict.accepted, n + verdict.accepted))
