@@ -143,6 +143,71 @@ enum Scales {
     Six,
 }
 
+/// Where a run of repacked rows goes: each slice holds whole rows of its part (empty for a
+/// part the format lacks).
+struct RowsOut<'a> {
+    qs: &'a mut [u8],
+    hi: &'a mut [u8],
+    d: &'a mut [u16],
+    m: &'a mut [u16],
+    sub: &'a mut [u8],
+}
+
+/// Repacks the GGUF rows in `src` (`row_bytes` each) of a matrix with codes of `bits` and rows
+/// padded to `padded` values into `out`: codes in lane order (see the module docs), the high
+/// bits in their plane, the scales as f16 bits.
+fn repack_rows(dtype: GgmlDType, (bits, padded, row_bytes): (Bits, usize, usize), src: &[u8], out: RowsOut) {
+    let rows = src.len() / row_bytes;
+    let per = |part: usize| part / rows.max(1);
+    let (qs_row, hi_row, d_row, m_row, sub_row) =
+        (per(out.qs.len()), per(out.hi.len()), per(out.d.len()), per(out.m.len()), per(out.sub.len()));
+    let (mut codes, mut ordered) = (vec![0u8; padded], vec![0u8; padded]);
+    let mut s = RowScales { d: vec![0.0; d_row], m: vec![0.0; d_row], sub: vec![0; sub_row] };
+    let hb = bits.high_bits();
+    for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+        codes.fill(0);
+        s.d.fill(0.0);
+        s.m.fill(0.0);
+        decode_row(dtype, row, &mut codes, &mut s);
+        // Each group into lane order.
+        for (start, n) in groups(padded / CHUNK) {
+            let at = start * CHUNK..(start + n) * CHUNK;
+            scatter(&codes[at.clone()], &mut ordered[at], n);
+        }
+        let qs = &mut out.qs[r * qs_row..][..qs_row];
+        if bits == Bits::Eight {
+            qs.copy_from_slice(&ordered);
+        } else {
+            // Chunk pairs share bytes (low nibble: the first chunk); an unpaired last chunk
+            // holds positions i and i + 32.
+            for (pair, q) in ordered.chunks(2 * CHUNK).zip(qs.chunks_mut(CHUNK)) {
+                let half = pair.len() / 2;
+                for (i, b) in q.iter_mut().enumerate() {
+                    *b = (pair[i] & 0xF) | (pair[half + i] << 4);
+                }
+            }
+        }
+        if hb > 0 {
+            // Per chunk 8·hb bytes; position v's high bits in byte v % (8·hb), at hb·(v / (8·hb)).
+            let group = 8 * hb;
+            let hi = &mut out.hi[r * hi_row..][..hi_row];
+            for (chunk, bytes) in ordered.chunks_exact(CHUNK).zip(hi.chunks_exact_mut(group)) {
+                for (v, &q) in chunk.iter().enumerate() {
+                    bytes[v % group] |= (q >> 4) << (hb * (v / group));
+                }
+            }
+        }
+        // The scales come from f16 values of the file: exact.
+        for (o, &x) in out.d[r * d_row..][..d_row].iter_mut().zip(&s.d) {
+            *o = f16::from_f32(x).to_bits();
+        }
+        for (o, &x) in out.m[r * m_row..][..m_row].iter_mut().zip(&s.m) {
+            *o = f16::from_f32(x).to_bits();
+        }
+        out.sub[r * sub_row..][..sub_row].copy_from_slice(&s.sub);
+    }
+}
+
 /// A quantized (rows, cols) weight matrix in the engine's layout.
 #[derive(Debug, Clone)]
 pub struct QMatrix {
@@ -217,15 +282,29 @@ impl QMatrix {
             sub: Vec::new(),
         };
         let row_bytes = cols / block * dtype.type_size();
-        let per_row = out.per_row();
-        let mut codes = vec![0u8; padded];
-        let mut s = RowScales { d: vec![0.0; per_row.0], m: vec![0.0; per_row.0], sub: vec![0; per_row.2] };
-        for row in bytes.chunks_exact(row_bytes) {
-            codes.iter_mut().for_each(|c| *c = 0);
-            s.d.iter_mut().chain(&mut s.m).for_each(|x| *x = 0.0);
-            decode_row(dtype, row, &mut codes, &mut s);
-            out.push_row(&codes, &s);
-        }
+        let (d, m, sub) = out.per_row();
+        let (qs, hi) = (bits.row_bytes(padded), out.hi_row_bytes());
+        out.qs = vec![0; rows * qs];
+        out.hi = vec![0; rows * hi];
+        out.d = vec![0; rows * d];
+        out.m = vec![0; rows * m];
+        out.sub = vec![0; rows * sub];
+        // Rows are independent: each thread repacks a contiguous share into its own slices.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
+        let share = rows.div_ceil(threads).max(1);
+        let parts = bytes
+            .chunks(share * row_bytes)
+            .zip(out.qs.chunks_mut(share * qs))
+            .zip(out.hi.chunks_mut((share * hi).max(1)).chain(std::iter::repeat_with(|| &mut [][..])))
+            .zip(out.d.chunks_mut(share * d))
+            .zip(out.m.chunks_mut((share * m).max(1)).chain(std::iter::repeat_with(|| &mut [][..])))
+            .zip(out.sub.chunks_mut((share * sub).max(1)).chain(std::iter::repeat_with(|| &mut [][..])));
+        let layout = (bits, padded, row_bytes);
+        std::thread::scope(|scope| {
+            for (((((src, qs), hi), d), m), sub) in parts {
+                scope.spawn(move || repack_rows(dtype, layout, src, RowsOut { qs, hi, d, m, sub }));
+            }
+        });
         Ok(out)
     }
 
@@ -237,44 +316,6 @@ impl QMatrix {
             Scales::Super => (supers, supers, 16 * supers),
             Scales::Six => (supers, 0, 16 * supers),
         }
-    }
-
-    fn push_row(&mut self, codes: &[u8], s: &RowScales) {
-        // Reorder each group into lane order.
-        let mut ordered = vec![0u8; codes.len()];
-        for (start, n) in groups(codes.len() / CHUNK) {
-            let at = start * CHUNK..(start + n) * CHUNK;
-            scatter(&codes[at.clone()], &mut ordered[at], n);
-        }
-        if self.bits == Bits::Eight {
-            self.qs.extend_from_slice(&ordered);
-        } else {
-            let mut pairs = ordered.chunks_exact(2 * CHUNK);
-            for pair in &mut pairs {
-                self.qs.extend((0..CHUNK).map(|i| (pair[i] & 0xF) | (pair[CHUNK + i] << 4)));
-            }
-            let last = pairs.remainder();
-            if !last.is_empty() {
-                self.qs.extend((0..32).map(|i| (last[i] & 0xF) | (last[i + 32] << 4)));
-            }
-        }
-        let hb = self.bits.high_bits();
-        if hb > 0 {
-            // Per chunk 8·hb bytes; position v's high bits in byte v % (8·hb), at hb·(v / (8·hb)).
-            let group = 8 * hb;
-            for chunk in ordered.chunks_exact(CHUNK) {
-                let mut bytes = vec![0u8; group];
-                for (v, &q) in chunk.iter().enumerate() {
-                    bytes[v % group] |= (q >> 4) << (hb * (v / group));
-                }
-                self.hi.extend_from_slice(&bytes);
-            }
-        }
-        // The scales come from f16 values of the file: exact.
-        let (d, m, _) = self.per_row();
-        self.d.extend(s.d[..d].iter().map(|&x| f16::from_f32(x).to_bits()));
-        self.m.extend(s.m[..m].iter().map(|&x| f16::from_f32(x).to_bits()));
-        self.sub.extend_from_slice(&s.sub);
     }
 
     /// Stacks matrices of the same width and code size by rows; `None` for an empty list or
