@@ -74,7 +74,10 @@ pub trait TokenModel {
     /// How many tokens the context holds.
     fn context_len(&self) -> usize;
 
-    /// Rolls the context back to its first `len` tokens.
+    /// Rolls the context back to its first `len` tokens. A target then holds exactly `len`. A
+    /// draft may hold fewer (a draft head keeps only positions it computed from the target's
+    /// own states): the decoders feed a draft whatever its
+    /// [`context_len`](Self::context_len) says it lacks.
     ///
     /// # Errors
     /// [`Error::BadTruncate`] when `len > context_len()`.
