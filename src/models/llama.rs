@@ -146,8 +146,9 @@ impl Llama {
     /// From now on, records the hidden states `taps` names for every token the model
     /// processes (their rows concatenated per token, in the order of `taps`), in step with
     /// its roll-backs, for a draft head to read: [`Tap::Final`] for EAGLE-1/2 and Medusa, three
-    /// [`Tap::Residual`]s for EAGLE-3. The log starts empty; feed the context again (or
-    /// [`truncate`](Self::truncate) to 0 and start over) before a head reads it.
+    /// [`Tap::Residual`]s for EAGLE-3. The log starts empty, and so that it stays in step with
+    /// the context, this call **empties the model's context** too (`context_len` becomes 0):
+    /// feed the context again before a head reads it.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] for no taps or a [`Tap::Residual`] past the blocks this model
