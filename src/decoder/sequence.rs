@@ -139,10 +139,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 
     /// What the draft is fed next: the last drafted token, or the tokens it has not seen.
     pub fn draft_feed(&self) -> Result<&[u32]> {
-        match self.block.tokens().last() {
-            Some(t) => Ok(std::slice::from_ref(t)),
-            None => self.draft_missed(),
-        }
+        draft_input(&self.block, &self.ctx, self.draft.context_len())
     }
 
     /// What the target scores: the pending token(s), then the drafts.
@@ -165,13 +162,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// proposed nothing.
     pub fn draft_one(&mut self) -> Result<bool> {
         let start = self.clock.seconds();
-        let proposal = match self.block.tokens().last() {
-            Some(&t) => self.draft.propose(&[t]),
-            None => match pending(&self.ctx, self.draft.context_len(), "draft") {
-                Ok(feed) => self.draft.propose(feed),
-                Err(e) => Err(e),
-            },
-        };
+        // (The fields one by one, so that the feed's borrow and the draft's do not overlap.)
+        let proposal =
+            draft_input(&self.block, &self.ctx, self.draft.context_len()).and_then(|f| self.draft.propose(f));
         let secs = self.clock.seconds() - start;
         match proposal {
             Ok(p) => self.take_proposal(p, secs),
@@ -262,6 +255,15 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             finish: self.finish.unwrap_or(FinishReason::Length),
             stats: self.stats.clone(),
         }
+    }
+}
+
+/// What a draft that holds `seen` tokens of `ctx` is fed next: the block's last drafted token,
+/// or, for the round's first call, the context's tokens it has not seen.
+fn draft_input<'a>(block: &'a ChainBlock, ctx: &'a [u32], seen: usize) -> Result<&'a [u32]> {
+    match block.tokens().last() {
+        Some(t) => Ok(std::slice::from_ref(t)),
+        None => pending(ctx, seen, "draft"),
     }
 }
 
