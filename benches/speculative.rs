@@ -103,6 +103,41 @@ fn rows_one_vs_many(c: &mut Criterion) {
     }
 }
 
+/// (b) The quantized products of Qwen2.5-1.5B's FFN shapes in Q4_K, for 1, 5 and 9 rows: up
+/// and gate (8960 × 1536) and down (1536 × 8960, whose 5 or 9 quantized activation rows no
+/// longer fit the L1 cache). Eight copies of each matrix take turns, so that the weights come
+/// from memory as in a forward pass.
+fn quantized_rows(c: &mut Criterion) {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use specdec::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
+    for (name, n, k) in [("up", 8960, 1536), ("down", 1536, 8960)] {
+        let values: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
+        let Ok(bytes) = candle_core::Tensor::from_vec(values, (n, k), &candle_core::Device::Cpu)
+            .and_then(|t| QTensor::quantize(&t, GgmlDType::Q4K))
+            .and_then(|q| q.data().map(|d| d.to_vec()))
+        else {
+            continue;
+        };
+        let copies: Vec<QMatrix> =
+            (0..8).filter_map(|_| QMatrix::from_ggml(GgmlDType::Q4K, &bytes, n, k).ok()).collect();
+        let mut g = c.benchmark_group(format!("q4k_{name}_{n}x{k}"));
+        g.sample_size(30).measurement_time(Duration::from_secs(3));
+        for m in [1usize, 5, 9] {
+            let mut acts = QActs::default();
+            acts.quantize(&vec![0.5f32; m * k], m, k);
+            let mut y = vec![0f32; m * n];
+            let mut turn = 0;
+            g.bench_function(format!("{m}_rows"), |b| {
+                b.iter(|| {
+                    turn = (turn + 1) % copies.len();
+                    qmatmul_parallel(&acts, &copies[turn], &mut y, 64)
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 fn smollm2() -> Option<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let path = root.join("models-cache/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -194,5 +229,5 @@ fn batches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernel_rows, rows_one_vs_many, generation, batches);
+criterion_group!(benches, kernel_rows, rows_one_vs_many, quantized_rows, generation, batches);
 criterion_main!(benches);
