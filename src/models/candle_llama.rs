@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine, Tap};
+use crate::models::engine::{Backend, Engine, Pass, Tap};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
@@ -39,6 +39,7 @@ struct Block {
 /// Weights as candle tensors on one device.
 #[derive(Debug)]
 pub struct CandleWeights {
+    config: LlamaConfig,
     device: Device,
     embed: Tensor,
     blocks: Vec<Block>,
@@ -86,6 +87,7 @@ impl CandleWeights {
             .map(|local| Tensor::from_vec(c.rope_angles(local), (c.max_context, c.head_dim / 2), device))
             .collect::<candle_core::Result<_>>()?;
         Ok(Self {
+            config: c.clone(),
             device: device.clone(),
             embed,
             blocks,
@@ -105,38 +107,41 @@ impl Backend for CandleWeights {
     }
 
     /// One [`KvCache`] per block.
-    fn new_cache(&self, c: &LlamaConfig, layers: usize) -> Result<Vec<KvCache>> {
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn new_cache(&self, layers: usize) -> Result<Vec<KvCache>> {
+        let c = &self.config;
         let capacity = 256.min(c.max_context);
         (0..layers).map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &self.device)).collect()
     }
 
     fn forward_hidden(
         &self,
-        c: &LlamaConfig,
         caches: &mut Vec<KvCache>,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.run(c, caches, layers, pos, tokens, rows, None, taps)
+    ) -> Result<Pass> {
+        self.run(caches, layers, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
         &self,
-        c: &LlamaConfig,
         caches: &mut Vec<KvCache>,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.run(c, caches, layers, pos, tokens, tokens.len(), Some(tree), taps)
+    ) -> Result<Pass> {
+        self.run(caches, layers, pos, tokens, tokens.len(), Some(tree), taps)
     }
 
-    fn keep_path(&self, _: &LlamaConfig, caches: &mut Vec<KvCache>, pos: usize, path: &[usize]) -> Result<()> {
+    fn keep_path(&self, caches: &mut Vec<KvCache>, pos: usize, path: &[usize]) -> Result<()> {
         caches.iter_mut().try_for_each(|k| k.keep(pos, path))
     }
 }
@@ -147,7 +152,6 @@ impl CandleWeights {
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
-        c: &LlamaConfig,
         caches: &mut [KvCache],
         layers: &[usize],
         pos: usize,
@@ -155,7 +159,8 @@ impl CandleWeights {
         rows: usize,
         tree: Option<&TreeShape>,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    ) -> Result<Pass> {
+        let c = &self.config;
         let mut hidden = vec![Vec::new(); taps.len()];
         let tap = |slot: Tap, x: &Tensor, hidden: &mut Vec<Vec<f32>>| -> Result<()> {
             if let Some(k) = taps.iter().position(|&t| t == slot) {
@@ -209,10 +214,11 @@ impl CandleWeights {
             tap(Tap::Final, &candle_nn::ops::rms_norm(&x, &self.norm, eps)?, &mut hidden)?;
         }
         if rows == 0 {
-            return Ok((Vec::new(), hidden));
+            return Ok(Pass { logits: Vec::new(), hidden });
         }
         let last = candle_nn::ops::rms_norm(&x.narrow(0, n - rows, rows)?, &self.norm, eps)?;
-        Ok((self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?, hidden))
+        let logits = self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(Pass { logits, hidden })
     }
 }
 

@@ -27,7 +27,8 @@ pub enum Engine {
 }
 
 /// A llama-family forward pass over weights the backend owns (read-only, shared by every model
-/// instance), with a KV cache per instance.
+/// instance), with a KV cache per instance. A backend is built for one configuration, which it
+/// keeps ([`config`](Backend::config)); its calls take only what changes from call to call.
 ///
 /// Roll-back contract, the same for every backend: [`forward`](Backend::forward) at `pos`
 /// attends to exactly the first `pos` positions of the cache (which earlier calls wrote) and
@@ -47,30 +48,32 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Which engine this is.
     fn engine(&self) -> Engine;
 
+    /// The configuration the weights were built for.
+    fn config(&self) -> &LlamaConfig;
+
     /// An empty cache for `layers` blocks.
     ///
     /// # Errors
     /// Backend failures allocating it.
-    fn new_cache(&self, c: &LlamaConfig, layers: usize) -> Result<Self::Cache>;
+    fn new_cache(&self, layers: usize) -> Result<Self::Cache>;
 
     /// Runs `tokens` at positions `pos..pos + tokens.len()` through the blocks `layers` (one
     /// cache layer each, in order), writing their keys and values into `cache`, and returns the
     /// logits of the last `rows` tokens, row-major. The caller checks the tokens, `rows <=
-    /// tokens.len()` and `pos + tokens.len() <= c.max_context`. It is
+    /// tokens.len()` and `pos + tokens.len() <= max_context`. It is
     /// [`forward_hidden`](Backend::forward_hidden) with no taps.
     ///
     /// # Errors
     /// Backend failures.
     fn forward(
         &self,
-        c: &LlamaConfig,
         cache: &mut Self::Cache,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
     ) -> Result<Vec<f32>> {
-        Ok(self.forward_hidden(c, cache, layers, pos, tokens, rows, &[])?.0)
+        Ok(self.forward_hidden(cache, layers, pos, tokens, rows, &[])?.logits)
     }
 
     /// As [`forward`](Backend::forward), also returning the hidden states `taps` names, in
@@ -82,14 +85,13 @@ pub trait Backend: Debug + Send + Sync + 'static {
     #[allow(clippy::too_many_arguments)]
     fn forward_hidden(
         &self,
-        c: &LlamaConfig,
         cache: &mut Self::Cache,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
+    ) -> Result<Pass>;
 
     /// Scores a tree in one call: token 0 (the pending token) at position `pos`, token `i` at
     /// `pos + tree.depth(i)`, each attending to the cache's first `pos` positions and to its own
@@ -103,14 +105,13 @@ pub trait Backend: Debug + Send + Sync + 'static {
     #[allow(clippy::too_many_arguments)]
     fn forward_tree(
         &self,
-        c: &LlamaConfig,
         cache: &mut Self::Cache,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
+    ) -> Result<Pass>;
 
     /// After a tree call at `pos`: moves the keys and values of the tokens `path` (indices into
     /// that call's tokens, root first, each the parent of the next) to slots `pos`, `pos + 1`,
@@ -119,7 +120,7 @@ pub trait Backend: Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// Backend failures.
-    fn keep_path(&self, c: &LlamaConfig, cache: &mut Self::Cache, pos: usize, path: &[usize]) -> Result<()>;
+    fn keep_path(&self, cache: &mut Self::Cache, pos: usize, path: &[usize]) -> Result<()>;
 
     /// Runs several sequences at once: `calls[i]` on `caches[i]`, as
     /// [`forward`](Backend::forward) would, returning each call's logits. A backend that can
@@ -131,18 +132,27 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// contract like any other.
     fn forward_batch(
         &self,
-        c: &LlamaConfig,
         caches: &mut [&mut Self::Cache],
         layers: &[usize],
         calls: &[BatchCall],
     ) -> Result<Vec<Vec<f32>>> {
-        caches.iter_mut().zip(calls).map(|(cache, b)| self.forward(c, cache, layers, b.pos, b.tokens, b.rows)).collect()
+        caches.iter_mut().zip(calls).map(|(cache, b)| self.forward(cache, layers, b.pos, b.tokens, b.rows)).collect()
     }
 
     /// Bytes of weights one token's forward pass streams, where the backend knows it.
     fn bytes_per_token(&self) -> Option<usize> {
         None
     }
+}
+
+/// What a forward pass returns: the logits rows (row-major) and the hidden states its taps
+/// named, in their order.
+#[derive(Debug, Clone, Default)]
+pub struct Pass {
+    /// The logits of the rows asked for, row-major.
+    pub logits: Vec<f32>,
+    /// One `tokens × hidden_size` block per tap, row-major.
+    pub hidden: Vec<Vec<f32>>,
 }
 
 /// One sequence's part of a [`Backend::forward_batch`] call: `tokens` at positions
@@ -174,8 +184,11 @@ pub(crate) trait AnyBackend: Debug + Send + Sync {
     /// Which engine this is.
     fn engine(&self) -> Engine;
 
+    /// As [`Backend::config`].
+    fn config(&self) -> &LlamaConfig;
+
     /// A model instance: this backend with an empty cache for `layers` blocks.
-    fn instance(self: Arc<Self>, c: &LlamaConfig, layers: usize) -> Result<Box<dyn Instance>>;
+    fn instance(self: Arc<Self>, layers: usize) -> Result<Box<dyn Instance>>;
 
     /// As [`Backend::bytes_per_token`].
     fn bytes_per_token(&self) -> Option<usize>;
@@ -187,7 +200,6 @@ pub(crate) trait AnyBackend: Debug + Send + Sync {
     fn forward_batch(
         &self,
         instances: &mut [&mut dyn Instance],
-        c: &LlamaConfig,
         layers: &[usize],
         calls: &[BatchCall],
     ) -> Result<Vec<Vec<f32>>>;
@@ -198,8 +210,12 @@ impl<B: Backend> AnyBackend for B {
         Backend::engine(self)
     }
 
-    fn instance(self: Arc<Self>, c: &LlamaConfig, layers: usize) -> Result<Box<dyn Instance>> {
-        let cache = self.new_cache(c, layers)?;
+    fn config(&self) -> &LlamaConfig {
+        Backend::config(self)
+    }
+
+    fn instance(self: Arc<Self>, layers: usize) -> Result<Box<dyn Instance>> {
+        let cache = self.new_cache(layers)?;
         Ok(Box::new(Bound { backend: self, cache }))
     }
 
@@ -210,7 +226,6 @@ impl<B: Backend> AnyBackend for B {
     fn forward_batch(
         &self,
         instances: &mut [&mut dyn Instance],
-        c: &LlamaConfig,
         layers: &[usize],
         calls: &[BatchCall],
     ) -> Result<Vec<Vec<f32>>> {
@@ -220,7 +235,7 @@ impl<B: Backend> AnyBackend for B {
             let bound = bound.ok_or_else(|| Error::setting("batch", "models on other engines", "one engine"))?;
             caches.push(&mut bound.cache);
         }
-        Backend::forward_batch(self, c, &mut caches, layers, calls)
+        Backend::forward_batch(self, &mut caches, layers, calls)
     }
 }
 
@@ -229,27 +244,25 @@ pub(crate) trait Instance: Debug + Send {
     /// As [`Backend::forward_hidden`] on the bound cache.
     fn forward_hidden(
         &mut self,
-        c: &LlamaConfig,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
+    ) -> Result<Pass>;
 
     /// As [`Backend::forward_tree`] on the bound cache.
     fn forward_tree(
         &mut self,
-        c: &LlamaConfig,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)>;
+    ) -> Result<Pass>;
 
     /// As [`Backend::keep_path`] on the bound cache.
-    fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()>;
+    fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()>;
 
     /// The instance as `Any`, so that its backend can find its own cache type in a batch.
     fn as_any_mut(&mut self) -> &mut dyn Any;
@@ -264,30 +277,28 @@ struct Bound<B: Backend> {
 impl<B: Backend> Instance for Bound<B> {
     fn forward_hidden(
         &mut self,
-        c: &LlamaConfig,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.backend.forward_hidden(c, &mut self.cache, layers, pos, tokens, rows, taps)
+    ) -> Result<Pass> {
+        self.backend.forward_hidden(&mut self.cache, layers, pos, tokens, rows, taps)
     }
 
     fn forward_tree(
         &mut self,
-        c: &LlamaConfig,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.backend.forward_tree(c, &mut self.cache, layers, pos, tokens, tree, taps)
+    ) -> Result<Pass> {
+        self.backend.forward_tree(&mut self.cache, layers, pos, tokens, tree, taps)
     }
 
-    fn keep_path(&mut self, c: &LlamaConfig, pos: usize, path: &[usize]) -> Result<()> {
-        self.backend.keep_path(c, &mut self.cache, pos, path)
+    fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()> {
+        self.backend.keep_path(&mut self.cache, pos, path)
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::{BatchTarget, Logits, TargetModel, TokenModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Tap};
+use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Pass, Tap};
 use crate::models::features::{interleave, Features};
 use crate::models::format::WeightFormat;
 use crate::models::native::NativeWeights;
@@ -24,7 +24,6 @@ use crate::tree::TreeShape;
 /// Everything read-only about a model, shareable between a target and a layer-skip draft.
 #[derive(Debug)]
 pub struct LlamaWeights {
-    config: LlamaConfig,
     backend: Arc<dyn AnyBackend>,
 }
 
@@ -60,17 +59,17 @@ impl LlamaWeights {
             Engine::Auto if auto_native => Arc::new(NativeWeights::load(source, &config, format)?),
             _ => Arc::new(CandleWeights::load(source, &config, format, device)?),
         };
-        Ok(Self { config, backend })
+        Ok(Self { backend })
     }
 
-    /// Wraps weights that some other [`Backend`] holds.
-    pub fn from_backend(config: LlamaConfig, backend: impl Backend) -> Self {
-        Self { config, backend: Arc::new(backend) }
+    /// Wraps weights that some other [`Backend`] holds (with their configuration).
+    pub fn from_backend(backend: impl Backend) -> Self {
+        Self { backend: Arc::new(backend) }
     }
 
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
-        &self.config
+        self.backend.config()
     }
 
     /// Bytes of weights one token's forward pass reads (native engine; `None` for candle's).
@@ -106,7 +105,7 @@ impl Llama {
     /// # Errors
     /// Backend failures allocating the cache.
     pub fn new(weights: Arc<LlamaWeights>) -> Result<Self> {
-        let layers = (0..weights.config.num_layers).collect();
+        let layers = (0..weights.config().num_layers).collect();
         Self::with_layers(weights, layers)
     }
 
@@ -116,7 +115,7 @@ impl Llama {
     /// # Errors
     /// [`Error::InvalidSetting`] for an empty or out-of-range layer list.
     pub fn with_layers(weights: Arc<LlamaWeights>, layers: Vec<usize>) -> Result<Self> {
-        let c = &weights.config;
+        let c = weights.config();
         if layers.is_empty() || layers.iter().any(|&l| l >= c.num_layers) {
             return Err(Error::setting(
                 "layers",
@@ -124,7 +123,7 @@ impl Llama {
                 "a non-empty list of block indices below num_layers",
             ));
         }
-        let instance = Arc::clone(&weights.backend).instance(c, layers.len())?;
+        let instance = Arc::clone(&weights.backend).instance(layers.len())?;
         Ok(Self { weights, layers, instance, len: 0, tree: None, record: None })
     }
 
@@ -135,7 +134,7 @@ impl Llama {
 
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
-        &self.weights.config
+        self.weights.config()
     }
 
     /// The blocks this model runs.
@@ -158,7 +157,7 @@ impl Llama {
         if taps.is_empty() {
             return Err(Error::setting("hidden-state taps", "none", "at least one"));
         }
-        let features = Features::new(taps.len() * self.weights.config.hidden_size);
+        let features = Features::new(taps.len() * self.weights.config().hidden_size);
         features.truncate(0);
         self.len = 0;
         self.record = Some((taps, features.clone()));
@@ -184,7 +183,7 @@ impl Llama {
     /// failures.
     pub fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {
         self.tree = None;
-        let c = &self.weights.config;
+        let c = self.weights.config();
         self.check_tokens(tokens)?;
         if tree.len() != tokens.len() {
             return Err(Error::setting("tree size", tree.len(), "one entry per token"));
@@ -196,7 +195,7 @@ impl Llama {
             return Err(Error::setting("tree depth", deepest, "less than the sliding window minus one"));
         }
         let taps = self.record.as_ref().map_or(&[][..], |(t, _)| &t[..]);
-        let (data, hidden) = self.instance.forward_tree(c, &self.layers, self.len, tokens, tree, taps)?;
+        let Pass { logits: data, hidden } = self.instance.forward_tree(&self.layers, self.len, tokens, tree, taps)?;
         if let Some((_, f)) = &self.record {
             f.set_tree(interleave(hidden, tokens.len()));
         }
@@ -218,7 +217,7 @@ impl Llama {
         if path.is_empty() || !is_path {
             return Err(Error::setting("kept path", format!("{path:?}"), "a path from the tree's root"));
         }
-        self.instance.keep_path(&self.weights.config, self.len, path)?;
+        self.instance.keep_path(self.len, path)?;
         if let Some((_, f)) = &self.record {
             f.keep_path(self.len, path);
         }
@@ -236,22 +235,22 @@ impl Llama {
     pub fn forward_hidden(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Logits, Vec<Vec<f32>>)> {
         self.check_taps(taps)?;
         if !self.start_forward(tokens, rows)? {
-            return Ok((Logits::new(Vec::new(), self.weights.config.vocab_size)?, vec![Vec::new(); taps.len()]));
+            return Ok((Logits::new(Vec::new(), self.weights.config().vocab_size)?, vec![Vec::new(); taps.len()]));
         }
         let (data, hidden) = self.run(tokens, rows, taps)?;
-        Ok((Logits::new(data, self.weights.config.vocab_size)?, hidden))
+        Ok((Logits::new(data, self.weights.config().vocab_size)?, hidden))
     }
 
     /// One forward pass returning the hidden states `taps` names; the states the log records
     /// are tapped in the same pass and written to it. The context grows by `tokens`.
     fn run(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        let c = &self.weights.config;
         let mut all = taps.to_vec();
         if let Some((t, _)) = &self.record {
             all.extend_from_slice(t);
         }
         // On failure `len` stays, and the next call overwrites whatever this one wrote.
-        let (data, mut hidden) = self.instance.forward_hidden(c, &self.layers, self.len, tokens, rows, &all)?;
+        let Pass { logits: data, mut hidden } =
+            self.instance.forward_hidden(&self.layers, self.len, tokens, rows, &all)?;
         let recorded = hidden.split_off(taps.len());
         if let Some((_, f)) = &self.record {
             f.write(self.len, &interleave(recorded, tokens.len()));
@@ -289,7 +288,7 @@ impl Llama {
                 active.push(i);
             }
         }
-        let c = &weights.config;
+        let c = weights.config();
         let mut out = vec![None; models.len()];
         if active.len() > 1 {
             let batch: Vec<BatchCall> = active
@@ -302,7 +301,7 @@ impl Llama {
                     instances.push(m.instance.as_mut());
                 }
             }
-            let rows = weights.backend.forward_batch(&mut instances, c, &layers, &batch)?;
+            let rows = weights.backend.forward_batch(&mut instances, &layers, &batch)?;
             for (&i, data) in active.iter().zip(rows) {
                 models[i].len += calls[i].0.len();
                 out[i] = Some(Logits::new(data, c.vocab_size)?);
@@ -331,7 +330,7 @@ impl Llama {
 
     /// Checks tokens against the vocabulary and the room left in the context.
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        let c = &self.weights.config;
+        let c = self.weights.config();
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::TokenOutOfRange { token, vocab: c.vocab_size });
         }
@@ -344,7 +343,7 @@ impl Llama {
 
 impl TokenModel for Llama {
     fn vocab_size(&self) -> usize {
-        self.weights.config.vocab_size
+        self.weights.config().vocab_size
     }
 
     fn context_len(&self) -> usize {
@@ -369,10 +368,10 @@ impl TokenModel for Llama {
 impl TargetModel for Llama {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         if !self.start_forward(tokens, rows)? {
-            return Logits::new(Vec::new(), self.weights.config.vocab_size);
+            return Logits::new(Vec::new(), self.weights.config().vocab_size);
         }
         let (data, _) = self.run(tokens, rows, &[])?;
-        Logits::new(data, self.weights.config.vocab_size)
+        Logits::new(data, self.weights.config().vocab_size)
     }
 
     fn forward_tree(&mut self, tokens: &[u32], tree: &TreeShape) -> Result<Logits> {

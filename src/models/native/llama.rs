@@ -10,7 +10,7 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, BatchCall, Engine, Tap};
+use crate::models::engine::{Backend, BatchCall, Engine, Pass, Tap};
 use crate::models::format::WeightFormat;
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
@@ -170,6 +170,7 @@ struct Block {
 /// Weights in the layout the native kernels want.
 #[derive(Debug)]
 pub struct NativeWeights {
+    config: LlamaConfig,
     embed: Matrix,
     blocks: Vec<Block>,
     norm: Vec<f32>,
@@ -221,6 +222,7 @@ impl NativeWeights {
             .map(|l| c.rope_angles(l))
             .collect();
         Ok(Self {
+            config: c.clone(),
             embed: Matrix::load(vec![outer.embed], format)?,
             blocks,
             norm: vector(outer.norm)?,
@@ -249,7 +251,11 @@ impl Backend for NativeWeights {
         Engine::Native
     }
 
-    fn new_cache(&self, _: &LlamaConfig, layers: usize) -> Result<NativeCache> {
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn new_cache(&self, layers: usize) -> Result<NativeCache> {
         Ok(NativeCache::new(layers))
     }
 
@@ -261,33 +267,30 @@ impl Backend for NativeWeights {
     /// before the new ones are appended, and keys are stored at their positions.
     fn forward_hidden(
         &self,
-        c: &LlamaConfig,
         cache: &mut NativeCache,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.run_one(c, cache, layers, pos, tokens, rows, None, taps)
+    ) -> Result<Pass> {
+        self.run_one(cache, layers, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
         &self,
-        c: &LlamaConfig,
         cache: &mut NativeCache,
         layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        self.run_one(c, cache, layers, pos, tokens, tokens.len(), Some(tree), taps)
+    ) -> Result<Pass> {
+        self.run_one(cache, layers, pos, tokens, tokens.len(), Some(tree), taps)
     }
 
     fn forward_batch(
         &self,
-        c: &LlamaConfig,
         caches: &mut [&mut NativeCache],
         layers: &[usize],
         calls: &[BatchCall],
@@ -300,12 +303,13 @@ impl Backend for NativeWeights {
             .zip(calls)
             .map(|(cache, b)| Part { cache: &mut cache.layers, pos: b.pos, tokens: b.tokens, rows: b.rows, tree: None })
             .collect();
-        let out = self.run(c, &mut parts, layers, &[], &mut scratch);
+        let out = self.run(&self.config, &mut parts, layers, &[], &mut scratch);
         caches[0].scratch = scratch;
         Ok(out?.0)
     }
 
-    fn keep_path(&self, c: &LlamaConfig, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {
+    fn keep_path(&self, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {
+        let c = &self.config;
         let (hd, kv_out) = (c.head_dim, c.num_kv_heads * c.head_dim);
         for kv in &mut cache.layers {
             // `path` rises (ancestors come first), so slot `pos + j` is never a later source.
@@ -359,7 +363,6 @@ impl NativeWeights {
     #[allow(clippy::too_many_arguments)]
     fn run_one(
         &self,
-        c: &LlamaConfig,
         cache: &mut NativeCache,
         layers: &[usize],
         pos: usize,
@@ -367,10 +370,10 @@ impl NativeWeights {
         rows: usize,
         tree: Option<&TreeShape>,
         taps: &[Tap],
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    ) -> Result<Pass> {
         let part = Part { cache: &mut cache.layers, pos, tokens, rows, tree };
-        let (mut logits, hidden) = self.run(c, &mut [part], layers, taps, &mut cache.scratch)?;
-        Ok((logits.pop().unwrap_or_default(), hidden))
+        let (mut logits, hidden) = self.run(&self.config, &mut [part], layers, taps, &mut cache.scratch)?;
+        Ok(Pass { logits: logits.pop().unwrap_or_default(), hidden })
     }
 
     /// The forward pass of the rows of every part at once: the matrix products take all rows
