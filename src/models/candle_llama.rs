@@ -99,61 +99,66 @@ impl CandleWeights {
     }
 }
 
+/// The KV cache of one model instance on the candle engine: the blocks it runs, and a
+/// [`KvCache`] for each.
+#[derive(Debug)]
+pub struct CandleCache {
+    blocks: Vec<usize>,
+    layers: Vec<KvCache>,
+}
+
 impl Backend for CandleWeights {
-    type Cache = Vec<KvCache>;
+    type Cache = CandleCache;
 
     fn engine(&self) -> Engine {
         Engine::Candle
     }
 
-    /// One [`KvCache`] per block.
     fn config(&self) -> &LlamaConfig {
         &self.config
     }
 
-    fn new_cache(&self, layers: usize) -> Result<Vec<KvCache>> {
+    /// One [`KvCache`] per block.
+    fn new_cache(&self, layers: &[usize]) -> Result<CandleCache> {
         let c = &self.config;
         let capacity = 256.min(c.max_context);
-        (0..layers).map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &self.device)).collect()
+        let kv = layers.iter().map(|_| KvCache::new(c.num_kv_heads, c.head_dim, capacity, &self.device));
+        Ok(CandleCache { blocks: layers.to_vec(), layers: kv.collect::<Result<_>>()? })
     }
 
     fn forward_hidden(
         &self,
-        caches: &mut Vec<KvCache>,
-        layers: &[usize],
+        cache: &mut CandleCache,
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
     ) -> Result<Pass> {
-        self.run(caches, layers, pos, tokens, rows, None, taps)
+        self.run(cache, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
         &self,
-        caches: &mut Vec<KvCache>,
-        layers: &[usize],
+        cache: &mut CandleCache,
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
     ) -> Result<Pass> {
-        self.run(caches, layers, pos, tokens, tokens.len(), Some(tree), taps)
+        self.run(cache, pos, tokens, tokens.len(), Some(tree), taps)
     }
 
-    fn keep_path(&self, caches: &mut Vec<KvCache>, pos: usize, path: &[usize]) -> Result<()> {
-        caches.iter_mut().try_for_each(|k| k.keep(pos, path))
+    fn keep_path(&self, cache: &mut CandleCache, pos: usize, path: &[usize]) -> Result<()> {
+        cache.layers.iter_mut().try_for_each(|k| k.keep(pos, path))
     }
 }
 
 impl CandleWeights {
     /// The forward pass of a chain (`tree` is `None`) or a tree (see [`Backend::forward_tree`]),
     /// with the hidden states `taps` asks for (none copied when it is empty).
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
-        caches: &mut [KvCache],
-        layers: &[usize],
+        cache: &mut CandleCache,
         pos: usize,
         tokens: &[u32],
         rows: usize,
@@ -161,6 +166,7 @@ impl CandleWeights {
         taps: &[Tap],
     ) -> Result<Pass> {
         let c = &self.config;
+        let CandleCache { blocks: layers, layers: caches } = cache;
         let mut hidden = vec![Vec::new(); taps.len()];
         let tap = |slot: Tap, x: &Tensor, hidden: &mut Vec<Vec<f32>>| -> Result<()> {
             if let Some(k) = taps.iter().position(|&t| t == slot) {
@@ -196,7 +202,7 @@ impl CandleWeights {
                 None => (x + y)?,
             })
         };
-        for (slot, (cache, &l)) in caches.iter_mut().zip(layers).enumerate() {
+        for (slot, (cache, &l)) in caches.iter_mut().zip(layers.iter()).enumerate() {
             tap(Tap::Residual(slot), &x, &mut hidden)?;
             let b = &self.blocks[l];
             let (cos, sin, mask) = &kinds[usize::from(b.sliding)];

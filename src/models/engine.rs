@@ -51,29 +51,23 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// The configuration the weights were built for.
     fn config(&self) -> &LlamaConfig;
 
-    /// An empty cache for `layers` blocks.
+    /// An empty cache for an instance that runs the blocks `layers` (one cache layer each, in
+    /// order): every call on the cache runs those blocks.
     ///
     /// # Errors
     /// Backend failures allocating it.
-    fn new_cache(&self, layers: usize) -> Result<Self::Cache>;
+    fn new_cache(&self, layers: &[usize]) -> Result<Self::Cache>;
 
-    /// Runs `tokens` at positions `pos..pos + tokens.len()` through the blocks `layers` (one
-    /// cache layer each, in order), writing their keys and values into `cache`, and returns the
+    /// Runs `tokens` at positions `pos..pos + tokens.len()` through the cache's blocks,
+    /// writing their keys and values into `cache`, and returns the
     /// logits of the last `rows` tokens, row-major. The caller checks the tokens, `rows <=
     /// tokens.len()` and `pos + tokens.len() <= max_context`. It is
     /// [`forward_hidden`](Backend::forward_hidden) with no taps.
     ///
     /// # Errors
     /// Backend failures.
-    fn forward(
-        &self,
-        cache: &mut Self::Cache,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-    ) -> Result<Vec<f32>> {
-        Ok(self.forward_hidden(cache, layers, pos, tokens, rows, &[])?.logits)
+    fn forward(&self, cache: &mut Self::Cache, pos: usize, tokens: &[u32], rows: usize) -> Result<Vec<f32>> {
+        Ok(self.forward_hidden(cache, pos, tokens, rows, &[])?.logits)
     }
 
     /// As [`forward`](Backend::forward), also returning the hidden states `taps` names, in
@@ -82,11 +76,9 @@ pub trait Backend: Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// Backend failures.
-    #[allow(clippy::too_many_arguments)]
     fn forward_hidden(
         &self,
         cache: &mut Self::Cache,
-        layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
@@ -102,11 +94,9 @@ pub trait Backend: Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// Backend failures.
-    #[allow(clippy::too_many_arguments)]
     fn forward_tree(
         &self,
         cache: &mut Self::Cache,
-        layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
@@ -125,18 +115,14 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Runs several sequences at once: `calls[i]` on `caches[i]`, as
     /// [`forward`](Backend::forward) would, returning each call's logits. A backend that can
     /// streams its weights once for all the calls' rows; the default runs them one by one. The
-    /// caller checks each call as for `forward`, and that there is one cache per call.
+    /// caller checks each call as for `forward`, that there is one cache per call, and that
+    /// the caches run the same blocks.
     ///
     /// # Errors
     /// Backend failures; caches that the calls before the failure wrote follow the roll-back
     /// contract like any other.
-    fn forward_batch(
-        &self,
-        caches: &mut [&mut Self::Cache],
-        layers: &[usize],
-        calls: &[BatchCall],
-    ) -> Result<Vec<Vec<f32>>> {
-        caches.iter_mut().zip(calls).map(|(cache, b)| self.forward(cache, layers, b.pos, b.tokens, b.rows)).collect()
+    fn forward_batch(&self, caches: &mut [&mut Self::Cache], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {
+        caches.iter_mut().zip(calls).map(|(cache, b)| self.forward(cache, b.pos, b.tokens, b.rows)).collect()
     }
 
     /// Bytes of weights one token's forward pass streams, where the backend knows it.
@@ -187,8 +173,8 @@ pub(crate) trait AnyBackend: Debug + Send + Sync {
     /// As [`Backend::config`].
     fn config(&self) -> &LlamaConfig;
 
-    /// A model instance: this backend with an empty cache for `layers` blocks.
-    fn instance(self: Arc<Self>, layers: usize) -> Result<Box<dyn Instance>>;
+    /// A model instance: this backend with an empty cache for the blocks `layers`.
+    fn instance(self: Arc<Self>, layers: &[usize]) -> Result<Box<dyn Instance>>;
 
     /// As [`Backend::bytes_per_token`].
     fn bytes_per_token(&self) -> Option<usize>;
@@ -197,12 +183,7 @@ pub(crate) trait AnyBackend: Debug + Send + Sync {
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] for an instance of another backend type; backend failures.
-    fn forward_batch(
-        &self,
-        instances: &mut [&mut dyn Instance],
-        layers: &[usize],
-        calls: &[BatchCall],
-    ) -> Result<Vec<Vec<f32>>>;
+    fn forward_batch(&self, instances: &mut [&mut dyn Instance], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>>;
 }
 
 impl<B: Backend> AnyBackend for B {
@@ -214,7 +195,7 @@ impl<B: Backend> AnyBackend for B {
         Backend::config(self)
     }
 
-    fn instance(self: Arc<Self>, layers: usize) -> Result<Box<dyn Instance>> {
+    fn instance(self: Arc<Self>, layers: &[usize]) -> Result<Box<dyn Instance>> {
         let cache = self.new_cache(layers)?;
         Ok(Box::new(Bound { backend: self, cache }))
     }
@@ -223,43 +204,24 @@ impl<B: Backend> AnyBackend for B {
         Backend::bytes_per_token(self)
     }
 
-    fn forward_batch(
-        &self,
-        instances: &mut [&mut dyn Instance],
-        layers: &[usize],
-        calls: &[BatchCall],
-    ) -> Result<Vec<Vec<f32>>> {
+    fn forward_batch(&self, instances: &mut [&mut dyn Instance], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {
         let mut caches = Vec::with_capacity(instances.len());
         for instance in instances.iter_mut() {
             let bound = instance.as_any_mut().downcast_mut::<Bound<B>>();
             let bound = bound.ok_or_else(|| Error::setting("batch", "models on other engines", "one engine"))?;
             caches.push(&mut bound.cache);
         }
-        Backend::forward_batch(self, &mut caches, layers, calls)
+        Backend::forward_batch(self, &mut caches, calls)
     }
 }
 
 /// A backend bound to one instance's cache.
 pub(crate) trait Instance: Debug + Send {
     /// As [`Backend::forward_hidden`] on the bound cache.
-    fn forward_hidden(
-        &mut self,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-        taps: &[Tap],
-    ) -> Result<Pass>;
+    fn forward_hidden(&mut self, pos: usize, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<Pass>;
 
     /// As [`Backend::forward_tree`] on the bound cache.
-    fn forward_tree(
-        &mut self,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        tree: &TreeShape,
-        taps: &[Tap],
-    ) -> Result<Pass>;
+    fn forward_tree(&mut self, pos: usize, tokens: &[u32], tree: &TreeShape, taps: &[Tap]) -> Result<Pass>;
 
     /// As [`Backend::keep_path`] on the bound cache.
     fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()>;
@@ -275,26 +237,12 @@ struct Bound<B: Backend> {
 }
 
 impl<B: Backend> Instance for Bound<B> {
-    fn forward_hidden(
-        &mut self,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        rows: usize,
-        taps: &[Tap],
-    ) -> Result<Pass> {
-        self.backend.forward_hidden(&mut self.cache, layers, pos, tokens, rows, taps)
+    fn forward_hidden(&mut self, pos: usize, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<Pass> {
+        self.backend.forward_hidden(&mut self.cache, pos, tokens, rows, taps)
     }
 
-    fn forward_tree(
-        &mut self,
-        layers: &[usize],
-        pos: usize,
-        tokens: &[u32],
-        tree: &TreeShape,
-        taps: &[Tap],
-    ) -> Result<Pass> {
-        self.backend.forward_tree(&mut self.cache, layers, pos, tokens, tree, taps)
+    fn forward_tree(&mut self, pos: usize, tokens: &[u32], tree: &TreeShape, taps: &[Tap]) -> Result<Pass> {
+        self.backend.forward_tree(&mut self.cache, pos, tokens, tree, taps)
     }
 
     fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()> {

@@ -123,7 +123,7 @@ impl Llama {
                 "a non-empty list of block indices below num_layers",
             ));
         }
-        let instance = Arc::clone(&weights.backend).instance(layers.len())?;
+        let instance = Arc::clone(&weights.backend).instance(&layers)?;
         Ok(Self { weights, layers, instance, len: 0, tree: None, record: None })
     }
 
@@ -195,7 +195,7 @@ impl Llama {
             return Err(Error::setting("tree depth", deepest, "less than the sliding window minus one"));
         }
         let taps = self.record.as_ref().map_or(&[][..], |(t, _)| &t[..]);
-        let Pass { logits: data, hidden } = self.instance.forward_tree(&self.layers, self.len, tokens, tree, taps)?;
+        let Pass { logits: data, hidden } = self.instance.forward_tree(self.len, tokens, tree, taps)?;
         if let Some((_, f)) = &self.record {
             f.set_tree(interleave(hidden, tokens.len()));
         }
@@ -249,8 +249,7 @@ impl Llama {
             all.extend_from_slice(t);
         }
         // On failure `len` stays, and the next call overwrites whatever this one wrote.
-        let Pass { logits: data, mut hidden } =
-            self.instance.forward_hidden(&self.layers, self.len, tokens, rows, &all)?;
+        let Pass { logits: data, mut hidden } = self.instance.forward_hidden(self.len, tokens, rows, &all)?;
         let recorded = hidden.split_off(taps.len());
         if let Some((_, f)) = &self.record {
             f.write(self.len, &interleave(recorded, tokens.len()));
@@ -301,7 +300,7 @@ impl Llama {
                     instances.push(m.instance.as_mut());
                 }
             }
-            let rows = weights.backend.forward_batch(&mut instances, &layers, &batch)?;
+            let rows = weights.backend.forward_batch(&mut instances, &batch)?;
             for (&i, data) in active.iter().zip(rows) {
                 models[i].len += calls[i].0.len();
                 out[i] = Some(Logits::new(data, c.vocab_size)?);

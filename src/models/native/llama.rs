@@ -255,7 +255,7 @@ impl Backend for NativeWeights {
         &self.config
     }
 
-    fn new_cache(&self, layers: usize) -> Result<NativeCache> {
+    fn new_cache(&self, layers: &[usize]) -> Result<NativeCache> {
         Ok(NativeCache::new(layers))
     }
 
@@ -268,42 +268,37 @@ impl Backend for NativeWeights {
     fn forward_hidden(
         &self,
         cache: &mut NativeCache,
-        layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         taps: &[Tap],
     ) -> Result<Pass> {
-        self.run_one(cache, layers, pos, tokens, rows, None, taps)
+        self.run_one(cache, pos, tokens, rows, None, taps)
     }
 
     fn forward_tree(
         &self,
         cache: &mut NativeCache,
-        layers: &[usize],
         pos: usize,
         tokens: &[u32],
         tree: &TreeShape,
         taps: &[Tap],
     ) -> Result<Pass> {
-        self.run_one(cache, layers, pos, tokens, tokens.len(), Some(tree), taps)
+        self.run_one(cache, pos, tokens, tokens.len(), Some(tree), taps)
     }
 
-    fn forward_batch(
-        &self,
-        caches: &mut [&mut NativeCache],
-        layers: &[usize],
-        calls: &[BatchCall],
-    ) -> Result<Vec<Vec<f32>>> {
+    fn forward_batch(&self, caches: &mut [&mut NativeCache], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {
         let Some(first) = caches.first_mut() else { return Ok(Vec::new()) };
-        // The first cache lends its scratch buffers to the whole pass.
+        // The first cache lends its scratch buffers to the whole pass (and names the blocks,
+        // which every cache of a batch shares).
         let mut scratch = std::mem::take(&mut first.scratch);
+        let blocks = first.blocks.clone();
         let mut parts: Vec<Part> = caches
             .iter_mut()
             .zip(calls)
             .map(|(cache, b)| Part { cache: &mut cache.layers, pos: b.pos, tokens: b.tokens, rows: b.rows, tree: None })
             .collect();
-        let out = self.run(&self.config, &mut parts, layers, &[], &mut scratch);
+        let out = self.run(&self.config, &mut parts, &blocks, &[], &mut scratch);
         caches[0].scratch = scratch;
         Ok(out?.0)
     }
@@ -360,19 +355,18 @@ struct Rotation {
 
 impl NativeWeights {
     /// One sequence's chain or tree, through [`run`](Self::run).
-    #[allow(clippy::too_many_arguments)]
     fn run_one(
         &self,
         cache: &mut NativeCache,
-        layers: &[usize],
         pos: usize,
         tokens: &[u32],
         rows: usize,
         tree: Option<&TreeShape>,
         taps: &[Tap],
     ) -> Result<Pass> {
-        let part = Part { cache: &mut cache.layers, pos, tokens, rows, tree };
-        let (mut logits, hidden) = self.run(&self.config, &mut [part], layers, taps, &mut cache.scratch)?;
+        let NativeCache { blocks, layers, scratch } = cache;
+        let part = Part { cache: layers, pos, tokens, rows, tree };
+        let (mut logits, hidden) = self.run(&self.config, &mut [part], blocks, taps, scratch)?;
         Ok(Pass { logits: logits.pop().unwrap_or_default(), hidden })
     }
 
@@ -618,13 +612,16 @@ struct Scratch {
 /// forward overwrites from its position on.
 #[derive(Debug, Default)]
 pub struct NativeCache {
+    /// The blocks it runs, and a cache layer for each.
+    blocks: Vec<usize>,
     layers: Vec<LayerCache>,
     scratch: Scratch,
 }
 
 impl NativeCache {
-    /// An empty cache for `layers` blocks.
-    pub fn new(layers: usize) -> Self {
-        Self { layers: (0..layers).map(|_| LayerCache::default()).collect(), scratch: Scratch::default() }
+    /// An empty cache for an instance running the blocks `blocks`.
+    pub fn new(blocks: &[usize]) -> Self {
+        let layers = blocks.iter().map(|_| LayerCache::default()).collect();
+        Self { blocks: blocks.to_vec(), layers, scratch: Scratch::default() }
     }
 }
