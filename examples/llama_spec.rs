@@ -67,6 +67,10 @@ struct Args {
     /// faster), WxDxN[xE] (always a tree: width, depth, nodes, nodes expanded per level).
     #[arg(long, default_value = "none")]
     tree: String,
+    /// Token ids a model draft with a large vocabulary scores: N (its first N, with the
+    /// special tokens) or all. Default: 65536, for vocabularies of more than 1.5 times as many.
+    #[arg(long)]
+    draft_vocab: Option<String>,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -142,8 +146,11 @@ fn main() -> Result<()> {
         (None, None, other) => other.parse()?,
     };
     let mut verifier = Llama::new(target_w.clone())?;
-    let drafter = Drafter::build(&spec, &target_files, &mut verifier, &tokenizer, &device)
+    let mut drafter = Drafter::build(&spec, &target_files, &mut verifier, &tokenizer, &device)
         .with_context(|| format!("building drafter {spec}"))?;
+    if let Some(rows) = &args.draft_vocab {
+        drafter.limit_vocabulary(&tokenizer, if rows == "all" { None } else { Some(rows.parse()?) })?;
+    }
     let draft_name = match drafter.note() {
         Some(note) => format!("{spec} ({note})"),
         None => spec.to_string(),

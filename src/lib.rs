@@ -137,7 +137,7 @@ pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder};
 pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabMap};
 #[cfg(feature = "llama")]
-pub use drafter::{Drafter, DrafterSpec};
+pub use drafter::{Drafter, DrafterSpec, DRAFT_VOCAB};
 pub use error::{Error, Result};
 #[cfg(feature = "llama")]
 pub use loading::{check_compatible, device, ModelFiles};

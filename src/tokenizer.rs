@@ -158,6 +158,14 @@ impl Tokenizer {
         format!("{system}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
     }
 
+    /// The ids of the tokens added to the model's vocabulary beside the learned ones: the
+    /// special tokens (`<|im_end|>`, `<|endoftext|>`, …), sorted.
+    pub fn added_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.inner.get_added_tokens_decoder().into_keys().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Token ids that end a chat turn (`<|im_end|>`, `<|eot_id|>`, `</s>`, …) found in the vocabulary.
     pub fn end_of_turn_ids(&self) -> Vec<u32> {
         ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<end_of_turn>"]

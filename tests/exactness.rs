@@ -14,7 +14,7 @@ use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
 use specdec::toy::{MarkovModel, PointDraft};
-use specdec::{DraftModel, Result, SamplingConfig, SpeculativeDecoder};
+use specdec::{DraftModel, Proposal, Result, SamplingConfig, SpeculativeDecoder, TokenModel};
 
 const P: [f32; 6] = [0.40, 0.25, 0.15, 0.10, 0.07, 0.03];
 const Q: [f32; 6] = [0.10, 0.10, 0.30, 0.30, 0.15, 0.05];
@@ -122,6 +122,33 @@ fn single_step_power_mismatched_draft_processing_is_rejected() -> Result<()> {
     Ok(())
 }
 
+/// A draft limited to part of the vocabulary (as `Llama::limit_output` makes one) samples
+/// from its row with the other tokens at zero, and must be judged by that row: judged by its
+/// whole row, the tokens it cannot propose are under-emitted. 200,000 steps each.
+#[test]
+fn single_step_a_draft_over_part_of_the_vocabulary_emits_p_judged_by_its_own_row() -> Result<()> {
+    let keep = [true, false, true, true, false, true];
+    let mass: f32 = Q.iter().zip(keep).filter(|(_, k)| *k).map(|(q, _)| q).sum();
+    let part: Vec<f32> = Q.iter().zip(keep).map(|(&q, k)| if k { q / mass } else { 0.0 }).collect();
+    for (judged_by, biased) in [(&part[..], false), (&Q[..], true)] {
+        let mut rng = StdRng::seed_from_u64(13);
+        let mut counts = vec![0u64; P.len()];
+        for _ in 0..200_000 {
+            let t = sample(&part, &mut rng)?;
+            let token = match kernel::judge(&P, DraftRow::Dense(judged_by), t, &mut rng)? {
+                Judgement::Accept => t,
+                Judgement::Reject(r) => r,
+            };
+            counts[token as usize] += 1;
+        }
+        match biased {
+            false => assert_fits("a draft over part of the vocabulary", &counts, &p64()),
+            true => assert_rejects("judged by the whole row", &counts, &p64()),
+        }
+    }
+    Ok(())
+}
+
 const VOCAB: usize = 6;
 const PROMPT: [u32; 3] = [2, 0, 5];
 const SAMPLES: usize = 60_000;
@@ -175,6 +202,52 @@ fn sequences_with_a_point_mass_draft_follow_the_target() -> Result<()> {
     for (name, cfg) in settings()? {
         for k in [1, 2, 4, 7] {
             check_sequences(&format!("point mass, {name}"), draft.clone(), &target, &cfg, k)?;
+        }
+    }
+    Ok(())
+}
+
+/// A draft that scores only some tokens, the rest −∞, as a model draft limited to part of its
+/// vocabulary does (`Llama::limit_output`): the tokens it cannot propose come from the residual.
+#[derive(Debug, Clone)]
+struct PartDraft {
+    model: MarkovModel,
+    keep: [bool; VOCAB],
+}
+
+impl TokenModel for PartDraft {
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+
+    fn context_len(&self) -> usize {
+        self.model.context_len()
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.model.truncate(len)
+    }
+}
+
+impl DraftModel for PartDraft {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        Ok(match self.model.propose(tokens)? {
+            Proposal::Logits(mut row) => {
+                row.iter_mut().zip(self.keep).filter(|(_, k)| !k).for_each(|(x, _)| *x = f32::NEG_INFINITY);
+                Proposal::Logits(row)
+            }
+            other => other,
+        })
+    }
+}
+
+#[test]
+fn sequences_with_a_draft_over_part_of_the_vocabulary_follow_the_target() -> Result<()> {
+    let target = toy_target();
+    let draft = PartDraft { model: target.noisy_copy(0.6, 24), keep: [true, false, true, true, false, true] };
+    for (name, cfg) in settings()? {
+        for k in [1, 3] {
+            check_sequences(&format!("part of the vocabulary, {name}"), draft.clone(), &target, &cfg, k)?;
         }
     }
     Ok(())

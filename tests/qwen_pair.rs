@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::models::{model_path, QWEN_0_5B, QWEN_1_5B};
 use specdec::{
     Drafter, Engine, Generation, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, PlainDecoder, Result,
-    SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat,
+    SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat, DRAFT_VOCAB,
 };
 
 /// The model as stored, on the native engine at every SIMD level (`Engine::Auto` would pick
@@ -121,6 +121,7 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
             ("0.5B, adaptive k", Drafter::Model(Llama::new(draft.clone())?), None),
             ("n-gram, k = 4", Drafter::NGram(NGramDraft::new(vocab)?), Some(4)),
             ("n-gram or 0.5B, k = 4", Drafter::Lookup(LookupOr::new(Llama::new(draft.clone())?)?), Some(4)),
+            ("0.5B over part of the vocabulary, adaptive k", limited(Llama::new(draft.clone())?, &tok)?, None),
         ];
         for (what, drafter, k) in drafters {
             let mut builder = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
@@ -136,6 +137,57 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
                 assert!(out.stats.accepted > 0, "{what}: no draft was accepted");
             }
         }
+    }
+    Ok(())
+}
+
+/// A model draft that scores only the first [`DRAFT_VOCAB`] ids and the added tokens, as
+/// `Drafter::build` makes it.
+fn limited(draft: Llama, tok: &Tokenizer) -> Result<Drafter> {
+    let mut drafter = Drafter::Model(draft);
+    let rows = drafter.limit_vocabulary(tok, Some(DRAFT_VOCAB))?;
+    assert_eq!(rows, Some(DRAFT_VOCAB + tok.added_ids().len()), "every added token lies past the first ids");
+    Ok(drafter)
+}
+
+/// A model limited to part of its vocabulary scores those ids bit for bit as the whole head
+/// does (alone and in a batch, where the rows of differently limited models are masked), and
+/// the rest −∞; given the whole vocabulary back, it scores everything again.
+#[test]
+fn a_limited_output_scores_its_ids_as_the_whole_head_does() -> Result<()> {
+    use specdec::{TargetModel, TokenModel};
+    let Some((w, tok)) = load(QWEN_0_5B) else { return Ok(()) };
+    let ids = tok.encode(&tok.chat_prompt("Write a function that reverses a string."))?;
+    let keep: Vec<u32> = (0..1000).chain([70_000, 151_645]).collect();
+    let mut full = Llama::new(w.clone())?;
+    let whole = full.forward(&ids, 3)?;
+    let mut part = Llama::new(w.clone())?;
+    assert!(part.limit_output(Some(&keep))?);
+    assert_eq!(part.output_limit(), Some(keep.len()));
+    let mut other = Llama::new(w.clone())?;
+    other.limit_output(Some(&keep[..10]))?;
+    let alone = part.forward(&ids, 3)?;
+    part.truncate(0)?;
+    let batch = Llama::forward_batch(&mut [&mut part, &mut other], &[(&ids[..], 3), (&ids[..], 3)])?;
+    for (what, rows, kept) in
+        [("alone", &alone, &keep[..]), ("batched", &batch[0], &keep[..]), ("other", &batch[1], &keep[..10])]
+    {
+        for r in 0..3 {
+            for (id, (a, b)) in rows.row(r).iter().zip(whole.row(r)).enumerate() {
+                match kept.contains(&(id as u32)) {
+                    true => assert_eq!(a.to_bits(), b.to_bits(), "{what}: row {r}, id {id}"),
+                    false => assert_eq!(*a, f32::NEG_INFINITY, "{what}: row {r}, id {id}"),
+                }
+            }
+        }
+    }
+    part.truncate(0)?;
+    part.limit_output(None)?;
+    assert_eq!(part.output_limit(), None);
+    let again = part.forward(&ids, 3)?;
+    assert!((0..3).all(|r| again.row(r).iter().zip(whole.row(r)).all(|(a, b)| a.to_bits() == b.to_bits())));
+    for bad in [&[][..], &[151_936][..]] {
+        assert!(matches!(part.limit_output(Some(bad)), Err(specdec::Error::InvalidSetting { .. })), "{bad:?}");
     }
     Ok(())
 }

@@ -34,6 +34,10 @@ struct Args {
     /// users run it).
     #[arg(long, default_value = "f32")]
     target_format: String,
+    /// Token ids a model draft with a large vocabulary scores: N (its first N, with the
+    /// special tokens) or all. Default: 65536, for vocabularies of more than 1.5 times as many.
+    #[arg(long)]
+    draft_vocab: Option<String>,
     /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE, draft heads
     /// eagle:PATH, eagle3:PATH, medusa:PATH (scripts/train-heads.sh trains them), and models
     /// with another tokenizer cross:text:PATH, cross:intersection:PATH.
@@ -198,7 +202,10 @@ fn main() -> Result<()> {
             for (k, tree) in shapes {
                 let (k, tree) = (k.parse::<KPolicy>()?, tree.parse::<TreePolicy>()?);
                 let mut verifier = Llama::new(target.clone())?;
-                let drafter = Drafter::build(&spec, &files, &mut verifier, &tok, &device)?;
+                let mut drafter = Drafter::build(&spec, &files, &mut verifier, &tok, &device)?;
+                if let Some(rows) = &args.draft_vocab {
+                    drafter.limit_vocabulary(&tok, if rows == "all" { None } else { Some(rows.parse()?) })?;
+                }
                 if let Some(note) = drafter.note() {
                     eprintln!("  {spec}: {note}");
                 }

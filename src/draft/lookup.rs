@@ -38,6 +38,11 @@ impl<D: DraftModel> LookupOr<D> {
     pub fn model(&self) -> &D {
         &self.model
     }
+
+    /// The model, to change.
+    pub fn model_mut(&mut self) -> &mut D {
+        &mut self.model
+    }
 }
 
 impl<D: TokenModel> TokenModel for LookupOr<D> {

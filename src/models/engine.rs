@@ -129,6 +129,17 @@ pub trait Backend: Debug + Send + Sync + 'static {
     fn bytes_per_token(&self) -> Option<usize> {
         None
     }
+
+    /// Limits the logits of the calls on `cache` to the vocabulary entries `ids` (each below
+    /// the vocabulary size, checked by the caller): every other entry of a row is −∞, and the
+    /// output head streams only those rows. `None` gives back the whole vocabulary. Returns
+    /// whether the backend does it; the default does not, and leaves the cache as it was.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn limit_output(&self, _cache: &mut Self::Cache, _ids: Option<&[u32]>) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// What a forward pass returns: the logits rows (row-major) and the hidden states its taps
@@ -226,6 +237,9 @@ pub(crate) trait Instance: Debug + Send {
     /// As [`Backend::keep_path`] on the bound cache.
     fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()>;
 
+    /// As [`Backend::limit_output`] on the bound cache.
+    fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool>;
+
     /// The instance as `Any`, so that its backend can find its own cache type in a batch.
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
@@ -247,6 +261,10 @@ impl<B: Backend> Instance for Bound<B> {
 
     fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()> {
         self.backend.keep_path(&mut self.cache, pos, path)
+    }
+
+    fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool> {
+        self.backend.limit_output(&mut self.cache, ids)
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

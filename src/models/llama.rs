@@ -97,6 +97,8 @@ pub struct Llama {
     tree: Option<TreeShape>,
     /// The hidden states recorded for a draft head, and where they are tapped.
     record: Option<(Vec<Tap>, Features)>,
+    /// The number of vocabulary entries the logits are limited to, if they are.
+    output_limit: Option<usize>,
 }
 
 impl Llama {
@@ -124,7 +126,7 @@ impl Llama {
             ));
         }
         let instance = Arc::clone(&weights.backend).instance(&layers)?;
-        Ok(Self { weights, layers, instance, len: 0, tree: None, record: None })
+        Ok(Self { weights, layers, instance, len: 0, tree: None, record: None, output_limit: None })
     }
 
     /// The shared weights.
@@ -140,6 +142,32 @@ impl Llama {
     /// The blocks this model runs.
     pub fn layers(&self) -> &[usize] {
         &self.layers
+    }
+
+    /// Limits this model's logits to the vocabulary entries `ids`: every other entry of its
+    /// rows is −∞ from now on, and its output head streams only those rows. For a draft with a
+    /// large vocabulary whose head is a good part of its cost: drafting stays exact, because
+    /// the decoder draws each draft token from the distribution it judges it by, which is then
+    /// zero outside `ids` (the target's tokens there are reached through the residual). Returns
+    /// whether the engine does it (the native one does; the candle one keeps its full rows).
+    /// `None` gives back the whole vocabulary.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for no ids or an id outside the vocabulary.
+    pub fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool> {
+        let vocab = self.config().vocab_size;
+        if let Some(ids) = ids.filter(|ids| ids.is_empty() || ids.iter().any(|&id| id as usize >= vocab)) {
+            return Err(Error::setting("output rows", ids.len(), "one or more ids below the vocabulary size"));
+        }
+        let limited = self.instance.limit_output(ids)?;
+        self.output_limit = ids.filter(|_| limited).map(<[u32]>::len);
+        Ok(limited)
+    }
+
+    /// How many vocabulary entries this model's logits are limited to, if they are (see
+    /// [`limit_output`](Self::limit_output)).
+    pub fn output_limit(&self) -> Option<usize> {
+        self.output_limit
     }
 
     /// From now on, records the hidden states `taps` names for every token the model

@@ -6,6 +6,8 @@
 //! residual. Products and attention run on the thread team; the element-wise steps are a few
 //! microseconds and run on the calling thread.
 
+use std::sync::Arc;
+
 use candle_core::Device;
 
 use crate::error::{Error, Result};
@@ -100,6 +102,28 @@ impl Matrix {
             Self::F32(p) => p.size_bytes(),
             Self::Quant(q) => q.size_bytes(),
             Self::Parts(parts) => parts.iter().map(Self::size_bytes).sum(),
+        }
+    }
+
+    /// A matrix of the rows `ids`, in that order: the same blocks for a quantized matrix, the
+    /// same values otherwise. `None` if an id is out of range.
+    fn select_rows(&self, ids: &[usize]) -> Option<Matrix> {
+        match self {
+            Self::Quant(q) => q.select_rows(ids).map(Self::Quant),
+            _ if ids.iter().any(|&r| r >= self.rows()) => None,
+            _ => {
+                let (mut values, cols) = (Vec::new(), self.cols());
+                ids.iter().for_each(|&r| self.row_into(r, &mut values));
+                Some(Self::F32(Packed::pack(&values, ids.len(), cols)))
+            }
+        }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            Self::F32(p) => p.cols(),
+            Self::Quant(q) => q.cols(),
+            Self::Parts(parts) => parts.first().map_or(0, Self::cols),
         }
     }
 
@@ -240,7 +264,42 @@ impl NativeWeights {
             .iter()
             .map(|b| b.qkv.size_bytes() + b.o.size_bytes() + b.gate_up.size_bytes() + b.down.size_bytes())
             .sum();
-        blocks + self.lm_head.as_ref().unwrap_or(&self.embed).size_bytes()
+        blocks + self.head().size_bytes()
+    }
+
+    /// The output head: its own matrix, or the embeddings when tied.
+    fn head(&self) -> &Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// Some rows of the output head, and the vocabulary entries they score: a draft that needs
+/// only part of a large vocabulary streams only those rows.
+#[derive(Debug)]
+struct OutputRows {
+    matrix: Matrix,
+    ids: Vec<u32>,
+}
+
+impl OutputRows {
+    /// Full logits rows (`vocab` each) from rows of `short` (`ids.len()` each): −∞ but at
+    /// `ids`.
+    fn widen(&self, short: &[f32], vocab: usize) -> Vec<f32> {
+        let rows = short.len() / self.ids.len().max(1);
+        let mut all = vec![f32::NEG_INFINITY; rows * vocab];
+        for (row, values) in all.chunks_exact_mut(vocab).zip(short.chunks_exact(self.ids.len())) {
+            self.ids.iter().zip(values).for_each(|(&id, &v)| row[id as usize] = v);
+        }
+        all
+    }
+
+    /// Sets every entry of the `vocab`-long rows of `logits` outside `ids` to −∞.
+    fn mask(&self, logits: &mut [f32], vocab: usize) {
+        let mut keep = vec![false; vocab];
+        self.ids.iter().for_each(|&id| keep[id as usize] = true);
+        for row in logits.chunks_exact_mut(vocab) {
+            row.iter_mut().zip(&keep).filter(|(_, &k)| !k).for_each(|(v, _)| *v = f32::NEG_INFINITY);
+        }
     }
 }
 
@@ -261,6 +320,19 @@ impl Backend for NativeWeights {
 
     fn bytes_per_token(&self) -> Option<usize> {
         Some(self.matrix_bytes())
+    }
+
+    fn limit_output(&self, cache: &mut NativeCache, ids: Option<&[u32]>) -> Result<bool> {
+        cache.output = match ids {
+            None => None,
+            Some(ids) => {
+                let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+                let matrix = self.head().select_rows(&rows);
+                let matrix = matrix.ok_or_else(|| Error::setting("output rows", ids.len(), "ids in the vocabulary"))?;
+                Some(Arc::new(OutputRows { matrix, ids: ids.to_vec() }))
+            }
+        };
+        Ok(true)
     }
 
     /// Writing at `pos` overwrites the cache from there: values are cut to `pos` positions
@@ -293,14 +365,26 @@ impl Backend for NativeWeights {
         // which every cache of a batch shares).
         let mut scratch = std::mem::take(&mut first.scratch);
         let blocks = first.blocks.clone();
+        // One limited head serves the pass when every cache has the same; otherwise the full
+        // head does, and each limited cache's rows are masked after.
+        let same = |o: &Arc<OutputRows>, c: &NativeCache| c.output.as_ref().is_some_and(|p| Arc::ptr_eq(o, p));
+        let shared = first.output.clone().filter(|o| caches.iter().all(|c| same(o, c)));
         let mut parts: Vec<Part> = caches
             .iter_mut()
             .zip(calls)
             .map(|(cache, b)| Part { cache: &mut cache.layers, pos: b.pos, tokens: b.tokens, rows: b.rows, tree: None })
             .collect();
-        let out = self.run(&self.config, &mut parts, &blocks, &[], &mut scratch);
+        let out = self.run(&self.config, &mut parts, &blocks, &[], shared.as_deref(), &mut scratch);
         caches[0].scratch = scratch;
-        Ok(out?.0)
+        let mut logits = out?.0;
+        if shared.is_none() {
+            for (cache, rows) in caches.iter().zip(&mut logits) {
+                if let Some(output) = &cache.output {
+                    output.mask(rows, self.config.vocab_size);
+                }
+            }
+        }
+        Ok(logits)
     }
 
     fn keep_path(&self, cache: &mut NativeCache, pos: usize, path: &[usize]) -> Result<()> {
@@ -364,9 +448,9 @@ impl NativeWeights {
         tree: Option<&TreeShape>,
         taps: &[Tap],
     ) -> Result<Pass> {
-        let NativeCache { blocks, layers, scratch } = cache;
+        let NativeCache { blocks, layers, scratch, output } = cache;
         let part = Part { cache: layers, pos, tokens, rows, tree };
-        let (mut logits, hidden) = self.run(&self.config, &mut [part], blocks, taps, scratch)?;
+        let (mut logits, hidden) = self.run(&self.config, &mut [part], blocks, taps, output.as_deref(), scratch)?;
         Ok(Pass { logits: logits.pop().unwrap_or_default(), hidden })
     }
 
@@ -380,6 +464,7 @@ impl NativeWeights {
         parts: &mut [Part],
         layers: &[usize],
         taps: &[Tap],
+        output: Option<&OutputRows>,
         s: &mut Scratch,
     ) -> Result<PassOutput> {
         let mut hidden = vec![Vec::new(); taps.len()];
@@ -406,7 +491,7 @@ impl NativeWeights {
             hidden[k].resize(owner.len() * c.hidden_size, 0.0);
             attention::rms_norm(&s.x, &self.norm, c.rms_norm_eps as f32, &mut hidden[k]);
         }
-        Ok((self.logits(c, parts, s), hidden))
+        Ok((self.logits(c, parts, output, s), hidden))
     }
 
     /// Per kind of layer (global, then sliding-window where the model has a window): each
@@ -504,8 +589,8 @@ impl NativeWeights {
     }
 
     /// The logits of each part's last `rows` rows of the final residual stream `s.x`, in one
-    /// product with the output head.
-    fn logits(&self, c: &LlamaConfig, parts: &[Part], s: &mut Scratch) -> Vec<Vec<f32>> {
+    /// product with the output head (or with the rows `output` keeps, the rest −∞).
+    fn logits(&self, c: &LlamaConfig, parts: &[Part], output: Option<&OutputRows>, s: &mut Scratch) -> Vec<Vec<f32>> {
         let (h, eps) = (c.hidden_size, c.rms_norm_eps as f32);
         s.tmp.clear();
         let mut end = 0;
@@ -520,7 +605,13 @@ impl NativeWeights {
         s.xb.resize(rows * h, 0.0);
         attention::rms_norm(&s.tmp, &self.norm, eps, &mut s.xb[..rows * h]);
         let mut all = Vec::new();
-        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&s.xb[..rows * h], rows, &mut all, &mut s.acts);
+        match output {
+            None => self.head().apply(&s.xb[..rows * h], rows, &mut all, &mut s.acts),
+            Some(o) => {
+                o.matrix.apply(&s.xb[..rows * h], rows, &mut s.tmp, &mut s.acts);
+                all = o.widen(&s.tmp, c.vocab_size);
+            }
+        }
         let mut rest = &all[..];
         parts
             .iter()
@@ -616,12 +707,14 @@ pub struct NativeCache {
     blocks: Vec<usize>,
     layers: Vec<LayerCache>,
     scratch: Scratch,
+    /// The output rows its logits are limited to (see [`Backend::limit_output`]).
+    output: Option<Arc<OutputRows>>,
 }
 
 impl NativeCache {
     /// An empty cache for an instance running the blocks `blocks`.
     pub fn new(blocks: &[usize]) -> Self {
         let layers = blocks.iter().map(|_| LayerCache::default()).collect();
-        Self { blocks: blocks.to_vec(), layers, scratch: Scratch::default() }
+        Self { blocks: blocks.to_vec(), layers, scratch: Scratch::default(), output: None }
     }
 }

@@ -337,6 +337,28 @@ impl QMatrix {
         Some(first)
     }
 
+    /// A matrix of the rows `ids` of this one, in that order, with their blocks as they are
+    /// (nothing is re-quantized); `None` if an id is out of range.
+    pub fn select_rows(&self, ids: &[usize]) -> Option<QMatrix> {
+        if ids.iter().any(|&r| r >= self.rows) {
+            return None;
+        }
+        let (per_d, per_m, per_sub) = self.per_row();
+        let (qs, hi) = (self.bits.row_bytes(self.padded), self.hi_row_bytes());
+        fn gather<T: Copy>(from: &[T], per_row: usize, ids: &[usize]) -> Vec<T> {
+            ids.iter().flat_map(|&r| &from[r * per_row..(r + 1) * per_row]).copied().collect()
+        }
+        Some(QMatrix {
+            rows: ids.len(),
+            qs: gather(&self.qs, qs, ids),
+            hi: gather(&self.hi, hi, ids),
+            d: gather(&self.d, per_d, ids),
+            m: gather(&self.m, per_m, ids),
+            sub: gather(&self.sub, per_sub, ids),
+            ..*self
+        })
+    }
+
     /// Rows (outputs).
     pub fn rows(&self) -> usize {
         self.rows
@@ -638,6 +660,24 @@ mod tests {
                     assert!((a - b).abs() <= 1e-6, "{dtype:?}: {a} vs {b}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn selected_rows_are_the_same_blocks() {
+        for dtype in TYPES {
+            let (rows, cols) = (5, if k_quant(dtype) { 512 } else { 576 });
+            let (m, _) = repack(dtype, rows, cols);
+            let ids = [4, 0, 4, 2];
+            let Some(part) = m.select_rows(&ids) else { panic!("{dtype:?}: rows in range refused") };
+            assert_eq!((part.rows(), part.cols()), (4, cols));
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for (i, &r) in ids.iter().enumerate() {
+                part.dequantize_row(i, &mut a);
+                m.dequantize_row(r, &mut b);
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{dtype:?}: row {r}");
+            }
+            assert!(m.select_rows(&[5]).is_none(), "{dtype:?}: a row past the end");
         }
     }
 }
