@@ -222,11 +222,18 @@ mod tests {
     /// Batch invariance: a row's product is bit for bit the same alone or among M rows, at
     /// every M from 1 to 16, for every type and kernel (each row is summed in the same order
     /// whatever the tile it lands in), so verifying k + 1 rows scores each like a plain step.
+    /// Long rows too (18 lane groups and a tail), which many activation rows take in K spans.
     #[test]
     fn each_row_is_bit_identical_alone_or_among_m_rows() {
         let kernels = variants();
-        for dtype in TYPES {
-            let (n, k) = (9, if k_quant(dtype) { 512 } else { 576 });
+        for (dtype, long) in TYPES.into_iter().flat_map(|t| [(t, false), (t, true)]) {
+            let k = match (k_quant(dtype), long) {
+                (true, false) => 512,
+                (false, false) => 576,
+                (true, true) => 18 * 256,
+                (false, true) => 18 * 256 + 3 * 64,
+            };
+            let n = 9;
             let (w, _) = repack(dtype, n, k);
             let x = data(16 * k, 5);
             for (name, kernel) in &kernels {
@@ -243,7 +250,7 @@ mod tests {
                     let together = run(*kernel, &acts, &w);
                     for (r, row) in together.chunks_exact(n).enumerate() {
                         let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{name} {dtype:?}: row {r} of {m} differs from the row alone");
+                        assert!(same, "{name} {dtype:?} k{k}: row {r} of {m} differs from the row alone");
                     }
                 }
             }
@@ -269,6 +276,12 @@ mod tests {
             let (w, _) = repack(dtype, 9, k);
             for m in [1, 2, 3, 4, 5, 7] {
                 agree_with_portable(&w, &data(m * k, 11), m, &format!("{dtype:?}"));
+            }
+            // Rows long enough that many activation rows take them in K spans.
+            let k = if k_quant(dtype) { 18 * 256 } else { 18 * 256 + 3 * 64 };
+            let (w, _) = repack(dtype, 9, k);
+            for m in [5, 9, 16] {
+                agree_with_portable(&w, &data(m * k, 12), m, &format!("{dtype:?} k{k}"));
             }
         }
     }
