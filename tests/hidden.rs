@@ -8,7 +8,7 @@ mod common;
 use candle_core::Device;
 use common::models::{model_path, STORIES};
 use specdec::loading::GgufFile;
-use specdec::models::Tap;
+use specdec::models::{Tap, TappedPass};
 use specdec::TokenModel;
 use specdec::{Engine, Error, Llama, ModelFiles, Result, TargetModel, WeightFormat};
 
@@ -33,7 +33,7 @@ fn taps_are_the_embedding_the_residuals_and_the_final_norm_on_both_engines() -> 
     let mut per_engine = Vec::new();
     for engine in [Engine::Native, Engine::Candle] {
         let (w, _) = ModelFiles::Gguf(path.clone()).load_with(WeightFormat::F32, &Device::Cpu, engine)?;
-        let (logits, states) = Llama::new(w.clone())?.forward_hidden(&TOKENS, 2, &taps)?;
+        let TappedPass { logits, hidden: states } = Llama::new(w.clone())?.forward_hidden(&TOKENS, 2, &taps)?;
         assert!(states.iter().all(|s| s.len() == TOKENS.len() * hidden), "{engine:?}: one row per token");
         // The logits are a plain forward's.
         let plain = Llama::new(w)?.forward(&TOKENS, 2)?;

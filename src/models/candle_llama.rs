@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Engine, Pass, Tap};
+use crate::models::engine::{Backend, Cache, Engine, Pass, Tap};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
@@ -105,6 +105,12 @@ impl CandleWeights {
 pub struct CandleCache {
     blocks: Vec<usize>,
     layers: Vec<KvCache>,
+}
+
+impl Cache for CandleCache {
+    fn blocks(&self) -> &[usize] {
+        &self.blocks
+    }
 }
 
 impl Backend for CandleWeights {

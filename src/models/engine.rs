@@ -43,7 +43,7 @@ pub enum Engine {
 /// scores several sequences, each with its own cache, in one pass.
 pub trait Backend: Debug + Send + Sync + 'static {
     /// The KV cache of one model instance.
-    type Cache: Debug + Send + 'static;
+    type Cache: Cache;
 
     /// Which engine this is.
     fn engine(&self) -> Engine;
@@ -140,6 +140,12 @@ pub trait Backend: Debug + Send + Sync + 'static {
     fn limit_output(&self, _cache: &mut Self::Cache, _ids: Option<&[u32]>) -> Result<bool> {
         Ok(false)
     }
+}
+
+/// The KV cache of one model instance: one cache layer for each block it runs.
+pub trait Cache: Debug + Send + 'static {
+    /// The blocks this cache's instance runs, in order (see [`Backend::new_cache`]).
+    fn blocks(&self) -> &[usize];
 }
 
 /// What a forward pass returns: the logits rows (row-major) and the hidden states its taps
@@ -240,6 +246,9 @@ pub(crate) trait Instance: Debug + Send {
     /// As [`Backend::limit_output`] on the bound cache.
     fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool>;
 
+    /// The blocks the bound cache runs.
+    fn blocks(&self) -> &[usize];
+
     /// The instance as `Any`, so that its backend can find its own cache type in a batch.
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
@@ -265,6 +274,10 @@ impl<B: Backend> Instance for Bound<B> {
 
     fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool> {
         self.backend.limit_output(&mut self.cache, ids)
+    }
+
+    fn blocks(&self) -> &[usize] {
+        self.cache.blocks()
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

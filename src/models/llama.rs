@@ -83,6 +83,16 @@ impl LlamaWeights {
     }
 }
 
+/// What [`Llama::forward_hidden`] returns: the logits rows asked for, and the hidden states
+/// the taps named, in their order, each `tokens × hidden_size` row-major.
+#[derive(Debug, Clone)]
+pub struct TappedPass {
+    /// The logits of the last `rows` tokens.
+    pub logits: Logits,
+    /// One block of hidden states per tap.
+    pub hidden: Vec<Vec<f32>>,
+}
+
 /// A llama-family model with its own KV cache over shared weights.
 ///
 /// `layers` selects which blocks run: all of them for the model itself, a prefix (or any
@@ -90,7 +100,7 @@ impl LlamaWeights {
 #[derive(Debug)]
 pub struct Llama {
     weights: Arc<LlamaWeights>,
-    layers: Vec<usize>,
+    /// The backend bound to this model's cache, which knows the blocks it runs.
     instance: Box<dyn Instance>,
     len: usize,
     /// The last call's tree, while its path may still be kept.
@@ -126,7 +136,7 @@ impl Llama {
             ));
         }
         let instance = Arc::clone(&weights.backend).instance(&layers)?;
-        Ok(Self { weights, layers, instance, len: 0, tree: None, record: None, output_limit: None })
+        Ok(Self { weights, instance, len: 0, tree: None, record: None, output_limit: None })
     }
 
     /// The shared weights.
@@ -141,7 +151,7 @@ impl Llama {
 
     /// The blocks this model runs.
     pub fn layers(&self) -> &[usize] {
-        &self.layers
+        self.instance.blocks()
     }
 
     /// Limits this model's logits to the vocabulary entries `ids`: every other entry of its
@@ -193,7 +203,7 @@ impl Llama {
     }
 
     fn check_taps(&self, taps: &[Tap]) -> Result<()> {
-        match taps.iter().find(|t| matches!(t, Tap::Residual(i) if *i > self.layers.len())) {
+        match taps.iter().find(|t| matches!(t, Tap::Residual(i) if *i > self.layers().len())) {
             Some(Tap::Residual(i)) => {
                 Err(Error::setting("hidden-state tap", i, "a block index of the model, or the number of blocks"))
             }
@@ -260,13 +270,14 @@ impl Llama {
     /// # Errors
     /// As [`TargetModel::forward`]; [`Error::InvalidSetting`] for a [`Tap::Residual`] past the
     /// blocks this model runs.
-    pub fn forward_hidden(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<(Logits, Vec<Vec<f32>>)> {
+    pub fn forward_hidden(&mut self, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<TappedPass> {
         self.check_taps(taps)?;
+        let vocab = self.weights.config().vocab_size;
         if !self.start_forward(tokens, rows)? {
-            return Ok((Logits::new(Vec::new(), self.weights.config().vocab_size)?, vec![Vec::new(); taps.len()]));
+            return Ok(TappedPass { logits: Logits::new(Vec::new(), vocab)?, hidden: vec![Vec::new(); taps.len()] });
         }
         let (data, hidden) = self.run(tokens, rows, taps)?;
-        Ok((Logits::new(data, self.weights.config().vocab_size)?, hidden))
+        Ok(TappedPass { logits: Logits::new(data, vocab)?, hidden })
     }
 
     /// One forward pass returning the hidden states `taps` names; the states the log records
@@ -301,8 +312,8 @@ impl Llama {
             return Err(Error::setting("batch calls", calls.len(), "one per model"));
         }
         let Some(first) = models.first() else { return Ok(Vec::new()) };
-        let (weights, layers) = (Arc::clone(&first.weights), first.layers.clone());
-        if models.iter().any(|m| !Arc::ptr_eq(&m.weights, &weights) || m.layers != layers) {
+        let (weights, layers) = (Arc::clone(&first.weights), first.layers().to_vec());
+        if models.iter().any(|m| !Arc::ptr_eq(&m.weights, &weights) || m.layers() != layers) {
             return Err(Error::setting(
                 "batch",
                 "models with other weights",

@@ -20,7 +20,7 @@ pub mod native;
 pub(crate) mod tensors;
 
 pub use config::{Family, LlamaConfig};
-pub use engine::{Backend, BatchCall, Engine, Pass, Tap};
+pub use engine::{Backend, BatchCall, Cache, Engine, Pass, Tap};
 pub use features::Features;
 pub use format::WeightFormat;
-pub use llama::{Llama, LlamaWeights};
+pub use llama::{Llama, LlamaWeights, TappedPass};

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::heads::target::TargetParts;
 use crate::model::TokenModel;
 use crate::models::features::interleave;
-use crate::models::{Llama, Tap};
+use crate::models::{Llama, Tap, TappedPass};
 use crate::sampling::argmax;
 
 /// One training sequence: its tokens, the target's states after each `(n, width)`, and the
@@ -54,7 +54,7 @@ impl Sample {
             return Err(Error::setting("training sequence", tokens.len(), "three tokens or more"));
         }
         target.truncate(0)?;
-        let (logits, states) = target.forward_hidden(tokens, tokens.len(), taps)?;
+        let TappedPass { logits, hidden: states } = target.forward_hidden(tokens, tokens.len(), taps)?;
         let labels = (0..logits.rows()).map(|r| argmax(logits.row(r))).collect::<Result<_>>()?;
         let width = taps.len() * target.config().hidden_size;
         let states = Tensor::from_vec(interleave(states, tokens.len()), (tokens.len(), width), &Device::Cpu)?;

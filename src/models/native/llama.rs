@@ -12,7 +12,7 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, BatchCall, Engine, Pass, Tap};
+use crate::models::engine::{Backend, BatchCall, Cache, Engine, Pass, Tap};
 use crate::models::format::WeightFormat;
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
@@ -709,6 +709,12 @@ pub struct NativeCache {
     scratch: Scratch,
     /// The output rows its logits are limited to (see [`Backend::limit_output`]).
     output: Option<Arc<OutputRows>>,
+}
+
+impl Cache for NativeCache {
+    fn blocks(&self) -> &[usize] {
+        &self.blocks
+    }
 }
 
 impl NativeCache {
