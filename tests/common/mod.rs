@@ -293,6 +293,7 @@ pub fn assert_nudge_rejected(
 }
 
 pub mod faulty;
+#[cfg(feature = "train")]
 pub mod heads;
 pub mod models;
 
