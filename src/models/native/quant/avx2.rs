@@ -162,11 +162,7 @@ unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         for (i, acc_i) in acc.iter_mut().enumerate() {
-            let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
-            let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
-            for line in 0..bytes.div_ceil(CHUNK) {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
-            }
+            w.prefetch(i, AHEAD, start, g, C, BITS, false);
             for h in 0..2 {
                 let q = codes::<VNNI, BITS, C>(w, i, start, h);
                 let (scale, mut offset) = scales::<C>(w, i, start, h);

@@ -248,15 +248,9 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // The rows are short streams the prefetcher misses: fetch the same bytes `AHEAD` rows on
-        // into L2. (Into L1 measured no better; prefetching the high bits and scales too, no
-        // better either.)
-        let bytes = if BITS == 8 { C * CHUNK } else { C * CHUNK / 2 };
+        // The bytes this group needs `AHEAD` rows on, into L2.
         for i in 0..R {
-            let ahead = w.qs.wrapping_add((AHEAD + i) * w.row_bytes + start * (bytes / C));
-            for line in 0..bytes.div_ceil(CHUNK) {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * CHUNK) as *const i8);
-            }
+            w.prefetch(i, AHEAD, start, g, C, BITS, true);
         }
         // (Loops, not `array::from_fn`: a closure would not inherit the target features, and its
         // intrinsics would become calls.)
