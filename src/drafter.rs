@@ -116,7 +116,9 @@ pub enum Drafter {
 impl Drafter {
     /// Builds the drafter `spec` for `target` (loaded from `files`, with `tokenizer`). Draft
     /// heads set the target to record the hidden states they read (see
-    /// [`Llama::record_hidden`]), which empties its context.
+    /// [`Llama::record_hidden`]), which empties its context. A model draft with a large
+    /// vocabulary scores only its first [`DRAFT_VOCAB`] ids and the added tokens (see
+    /// [`limit_vocabulary`](Self::limit_vocabulary), which also undoes it).
     ///
     /// # Errors
     /// Loading failures; [`Error::TokenizerMismatch`] for `ngram+model` with a model of
@@ -207,8 +209,9 @@ impl Drafter {
         Ok(Self::Cross(CrossVocabDraft::new(draft, draft_tok, tokenizer.clone(), target_len, method)?))
     }
 
-    /// What the drafter does beyond its spec, for a status line: the cross-vocabulary method
-    /// and how many token strings the vocabularies share.
+    /// What the drafter does beyond its spec, for a status line: how many token ids a model
+    /// draft scores when it is limited to part of its vocabulary, or the cross-vocabulary
+    /// method and how many token strings the vocabularies share.
     pub fn note(&self) -> Option<String> {
         let limited = |m: &Llama| {
             m.output_limit().map(|n| format!("the draft scores {n} of {} token ids", m.config().vocab_size))
