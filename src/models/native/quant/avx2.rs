@@ -13,9 +13,9 @@
 //! sign of `x` moved onto `s`: each pair is then at most 2 × 127 × 128 < 2^15. The `−128` is
 //! paid back in the offset term: `Σ d·dx·Σq·xq = Σ d·dx·Σs·xq + Σ 128·d·sx`.
 //!
-//! Registers: AVX2 has 16. A tile of 2 weight rows and up to 3 activation rows keeps 6
-//! accumulators and one weight row's half-group of codes (4 registers) live, with room for the
-//! temporaries.
+//! Registers: AVX2 has 16. A pass keeps one accumulator per (weight row, activation row), up to
+//! 6 (2 × 2 or 1 × 6), and one weight row's half-group of codes (4 registers) live, with room
+//! for the scales and temporaries.
 
 // The kernel indexes register arrays by chunk to mirror the math.
 #![allow(clippy::needless_range_loop)]
@@ -26,9 +26,10 @@ use std::ops::Range;
 use super::{Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
-/// Weight rows per tile and the most activation rows per pass.
+/// Weight rows per tile for one or two activation rows, and the most activation rows per pass
+/// of one weight row (more rows).
 const TILE: usize = 2;
-const ROWS: usize = 3;
+const WIDE: usize = 6;
 /// Weight rows ahead whose bytes are prefetched into L2 (the same bytes ahead as the AVX-512
 /// kernel's two 4-row tiles).
 const AHEAD: usize = 8;
@@ -80,21 +81,28 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // The activation rows in passes of even sizes (see the AVX-512 kernel).
-        let passes = a.rows.div_ceil(ROWS);
+        // One or two activation rows: tiles of 2 weight rows (two sums in flight). More: one
+        // weight row at a time and up to WIDE activation rows a pass, so that each row's codes
+        // are unpacked once for as many rows as the registers hold (on Zen 3 this made 5 rows
+        // of the 1.5B cost 1.6 one-row passes instead of 2.0). Passes of even sizes (see the
+        // AVX-512 kernel).
+        let tile_max = if a.rows <= TILE { TILE } else { 1 };
+        let passes = a.rows.div_ceil(WIDE);
         let mut c = cols.start;
         while c < cols.end {
-            let tile = if cols.end - c >= TILE { TILE } else { 1 };
+            let tile = if cols.end - c >= tile_max { tile_max } else { 1 };
             let mut r = 0;
             for p in 0..passes {
                 let g = (a.rows - r).div_ceil(passes - p);
                 match (g, tile) {
                     (1, TILE) => tile_256::<1, TILE, VNNI, BITS>(a, w, r, c, &out),
-                    (2, TILE) => tile_256::<2, TILE, VNNI, BITS>(a, w, r, c, &out),
-                    (_, TILE) => tile_256::<3, TILE, VNNI, BITS>(a, w, r, c, &out),
+                    (_, TILE) => tile_256::<2, TILE, VNNI, BITS>(a, w, r, c, &out),
                     (1, _) => tile_256::<1, 1, VNNI, BITS>(a, w, r, c, &out),
                     (2, _) => tile_256::<2, 1, VNNI, BITS>(a, w, r, c, &out),
-                    _ => tile_256::<3, 1, VNNI, BITS>(a, w, r, c, &out),
+                    (3, _) => tile_256::<3, 1, VNNI, BITS>(a, w, r, c, &out),
+                    (4, _) => tile_256::<4, 1, VNNI, BITS>(a, w, r, c, &out),
+                    (5, _) => tile_256::<5, 1, VNNI, BITS>(a, w, r, c, &out),
+                    _ => tile_256::<WIDE, 1, VNNI, BITS>(a, w, r, c, &out),
                 }
                 r += g;
             }
