@@ -499,10 +499,9 @@ impl Weights {
     /// of a five-row forward pass of Qwen2.5-Coder-1.5B (Zen 5; the one-row pass moved within
     /// the noise). The 256-bit kernels, bound by their arithmetic, lost 10 % at five rows to
     /// the extra prefetches and fetch codes only for three or more rows; for one or two they
-    /// fetch everything (Zen 3: the one-row pass 13–17 % faster). (Into L1 measured no
-    /// better.) The addresses
-    /// may run past the matrix near its end: they are computed with `wrapping_add` and only
-    /// prefetched, never read.
+    /// fetch everything (Zen 3: the one-row pass 10–25 % faster). (Into L1 measured no
+    /// better.) The addresses may run past the matrix near its end: they are computed with
+    /// `wrapping_add` and only prefetched, never read.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn prefetch(&self, i: usize, ahead: usize, start: usize, g: usize, c: usize, bits: u8, all: bool) {
