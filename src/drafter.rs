@@ -118,7 +118,8 @@ impl Drafter {
     /// heads set the target to record the hidden states they read (see
     /// [`Llama::record_hidden`]), which empties its context. A model draft with a large
     /// vocabulary scores only its first [`DRAFT_VOCAB`] ids and the added tokens (see
-    /// [`limit_vocabulary`](Self::limit_vocabulary), which also undoes it).
+    /// [`limit_vocabulary`](Self::limit_vocabulary), which also undoes it), and, proposing one
+    /// sequence, the ids its context brings beside them (see [`Llama::keep_outputs`]).
     ///
     /// # Errors
     /// Loading failures; [`Error::TokenizerMismatch`] for `ngram+model` with a model of
@@ -231,8 +232,11 @@ impl Drafter {
 /// scores (with the tokenizer's added tokens). BPE ids run in merge order, roughly the order
 /// of frequency in the tokenizer's training text, so these hold nearly every token of ordinary
 /// text and code (98 % of a Python answer from Qwen2.5-Coder), while the output head over
-/// Qwen2.5's 151,936 tokens is 37 % of the 0.5B's bytes per token. Drafting stays exact (see
-/// [`Llama::limit_output`]); it only changes which drafts are proposed.
+/// Qwen2.5's 151,936 tokens is 37 % of the 0.5B's bytes per token. The ids a draft's context
+/// holds beyond these are added as they come (see [`Llama::keep_outputs`]): the rare identifier
+/// of a prompt that an edit copies stays proposable. (Not in a batch, whose drafts share one
+/// limited head.) Drafting stays exact (see [`Llama::limit_output`]); it only changes which
+/// drafts are proposed.
 pub const DRAFT_VOCAB: usize = 65_536;
 
 /// The model draft at `path` with its weights as stored, and its tokenizer.
@@ -276,8 +280,21 @@ impl TokenModel for Drafter {
     }
 }
 
+impl Drafter {
+    /// Widens a model draft's output limit by the ids of `tokens` it leaves out (see
+    /// [`Llama::keep_outputs`]): what the context holds stays proposable.
+    fn keep_outputs(&mut self, tokens: &[u32]) -> Result<()> {
+        match self {
+            Self::Model(m) => m.keep_outputs(tokens).map(drop),
+            Self::Lookup(l) => l.model_mut().keep_outputs(tokens).map(drop),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl DraftModel for Drafter {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        self.keep_outputs(tokens)?;
         match self {
             Self::Model(m) => m.propose(tokens),
             Self::NGram(n) => n.propose(tokens),
@@ -289,6 +306,7 @@ impl DraftModel for Drafter {
     }
 
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
+        self.keep_outputs(tokens)?;
         match self {
             Self::Model(m) => m.propose_tree(tokens, budget, picker),
             Self::NGram(n) => n.propose_tree(tokens, budget, picker),

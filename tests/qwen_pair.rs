@@ -192,6 +192,38 @@ fn a_limited_output_scores_its_ids_as_the_whole_head_does() -> Result<()> {
     Ok(())
 }
 
+/// A limited model takes in the ids its context brings beyond the limit: each added id scores
+/// bit for bit as the whole head does, ids already kept or past the vocabulary add nothing,
+/// and an unlimited model is left as it is.
+#[test]
+fn a_limited_output_takes_in_the_ids_its_context_brings() -> Result<()> {
+    use specdec::TargetModel;
+    let Some((w, tok)) = load(QWEN_0_5B) else { return Ok(()) };
+    let ids = tok.encode(&tok.chat_prompt("Write a function that reverses a string."))?;
+    let mut outside: Vec<u32> = ids.iter().copied().filter(|&t| t >= 1000).collect();
+    outside.sort_unstable();
+    outside.dedup();
+    let whole = Llama::new(w.clone())?.forward(&ids, 2)?;
+    let mut part = Llama::new(w.clone())?;
+    part.limit_output(Some(&(0..1000).collect::<Vec<u32>>()))?;
+    assert_eq!(part.keep_outputs(&ids)?, outside.len());
+    assert_eq!(part.output_limit(), Some(1000 + outside.len()));
+    assert_eq!(part.keep_outputs(&[ids[3], 5, 151_936])?, 0, "kept already, or past the vocabulary");
+    let rows = part.forward(&ids, 2)?;
+    for r in 0..2 {
+        for (id, (a, b)) in rows.row(r).iter().zip(whole.row(r)).enumerate() {
+            match id < 1000 || outside.contains(&(id as u32)) {
+                true => assert_eq!(a.to_bits(), b.to_bits(), "row {r}, id {id}"),
+                false => assert_eq!(*a, f32::NEG_INFINITY, "row {r}, id {id}"),
+            }
+        }
+    }
+    let mut unlimited = Llama::new(w)?;
+    assert_eq!(unlimited.keep_outputs(&ids)?, 0);
+    assert_eq!(unlimited.output_limit(), None);
+    Ok(())
+}
+
 /// Batch invariance on the real model: each position's logits are bit for bit the same scored
 /// alone (plain decoding) or among the rows of one verification call, so greedy speculation
 /// equals plain greedy decoding by construction.
