@@ -107,8 +107,9 @@ pub struct Llama {
     tree: Option<TreeShape>,
     /// The hidden states recorded for a draft head, and where they are tapped.
     record: Option<(Vec<Tap>, Features)>,
-    /// The vocabulary entries the logits are limited to, if they are.
-    output_ids: Option<Vec<u32>>,
+    /// The vocabulary entries the logits are limited to, if they are, in the engine's order,
+    /// and sorted (for `keep_outputs` to search).
+    output_ids: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl Llama {
@@ -169,44 +170,41 @@ impl Llama {
         if let Some(ids) = ids.filter(|ids| ids.is_empty() || ids.iter().any(|&id| id as usize >= vocab)) {
             return Err(Error::setting("output rows", ids.len(), "one or more ids below the vocabulary size"));
         }
-        // Sorted, for `keep_outputs` to search (the order of the rows changes no logit).
-        let sorted = ids.map(|ids| {
-            let mut ids = ids.to_vec();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
+        let limited = self.instance.limit_output(ids)?;
+        self.output_ids = ids.filter(|_| limited).map(|ids| {
+            let mut sorted = ids.to_vec();
+            sorted.sort_unstable();
+            (ids.to_vec(), sorted)
         });
-        let limited = self.instance.limit_output(sorted.as_deref())?;
-        self.output_ids = sorted.filter(|_| limited);
         Ok(limited)
     }
 
     /// How many vocabulary entries this model's logits are limited to, if they are (see
     /// [`limit_output`](Self::limit_output)).
     pub fn output_limit(&self) -> Option<usize> {
-        self.output_ids.as_ref().map(Vec::len)
+        self.output_ids.as_ref().map(|(ids, _)| ids.len())
     }
 
     /// Adds to the output limit (see [`limit_output`](Self::limit_output)) the ids of `tokens`
     /// it leaves out, so that a draft limited to part of its vocabulary can still propose
     /// what its context holds: a prompt's rare identifier, for one, which code edits copy.
-    /// Ids past the vocabulary are left for the forward pass to refuse. Each call that adds
-    /// ids selects the head's rows again (a copy of the kept rows, a few milliseconds for
-    /// 65,536 rows of a 0.5B model), which suits the few ids a context adds. Returns how many
-    /// ids it added (none without a limit).
+    /// Ids past the vocabulary are left for the forward pass to refuse. The native engine
+    /// appends the new ids' rows to the kept ones (a model whose limit is shared in a batch
+    /// copies them first). Returns how many ids it added (none without a limit).
     ///
     /// # Errors
     /// Engine failures; the limit is then as before.
     pub fn keep_outputs(&mut self, tokens: &[u32]) -> Result<usize> {
         let vocab = self.config().vocab_size;
-        let Some(ids) = &self.output_ids else { return Ok(0) };
+        let Some((ids, sorted)) = &self.output_ids else { return Ok(0) };
         let mut new: Vec<u32> =
-            tokens.iter().copied().filter(|&t| (t as usize) < vocab && ids.binary_search(&t).is_err()).collect();
+            tokens.iter().copied().filter(|&t| (t as usize) < vocab && sorted.binary_search(&t).is_err()).collect();
         new.sort_unstable();
         new.dedup();
         if new.is_empty() {
             return Ok(0);
         }
+        // The engine appends the new rows to its own when the old ids come first.
         let wider: Vec<u32> = ids.iter().chain(&new).copied().collect();
         self.limit_output(Some(&wider))?;
         Ok(new.len())

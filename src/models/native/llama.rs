@@ -323,6 +323,19 @@ impl Backend for NativeWeights {
     }
 
     fn limit_output(&self, cache: &mut NativeCache, ids: Option<&[u32]>) -> Result<bool> {
+        // A limit that extends this cache's own appends the new rows in place (see
+        // `Llama::keep_outputs`), where selecting them all again would copy the whole head.
+        if let (Some(ids), Some(out)) = (ids, cache.output.as_mut().and_then(Arc::get_mut)) {
+            if let (Some(new), Matrix::Quant(rows), Matrix::Quant(head)) =
+                (ids.strip_prefix(&out.ids[..]), &mut out.matrix, self.head())
+            {
+                let new_rows: Vec<usize> = new.iter().map(|&id| id as usize).collect();
+                if rows.append_rows(head, &new_rows) {
+                    out.ids.extend_from_slice(new);
+                    return Ok(true);
+                }
+            }
+        }
         cache.output = match ids {
             None => None,
             Some(ids) => {

@@ -340,23 +340,35 @@ impl QMatrix {
     /// A matrix of the rows `ids` of this one, in that order, with their blocks as they are
     /// (nothing is re-quantized); `None` if an id is out of range.
     pub fn select_rows(&self, ids: &[usize]) -> Option<QMatrix> {
-        if ids.iter().any(|&r| r >= self.rows) {
-            return None;
+        let empty = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (qs, hi, d, m, sub) = empty;
+        let mut out = QMatrix { rows: 0, qs, hi, d, m, sub, ..*self };
+        out.append_rows(self, ids).then_some(out)
+    }
+
+    /// Appends the rows `ids` of `from`, a matrix of the same type and width, with their blocks
+    /// as they are. False, with nothing appended, if the types or widths differ or an id is out
+    /// of range.
+    pub fn append_rows(&mut self, from: &QMatrix, ids: &[usize]) -> bool {
+        let same = (self.cols, self.padded, self.bits, self.scales) == (from.cols, from.padded, from.bits, from.scales);
+        if !same || ids.iter().any(|&r| r >= from.rows) {
+            return false;
         }
-        let (per_d, per_m, per_sub) = self.per_row();
-        let (qs, hi) = (self.bits.row_bytes(self.padded), self.hi_row_bytes());
-        fn gather<T: Copy>(from: &[T], per_row: usize, ids: &[usize]) -> Vec<T> {
-            ids.iter().flat_map(|&r| &from[r * per_row..(r + 1) * per_row]).copied().collect()
+        let (per_d, per_m, per_sub) = from.per_row();
+        let (qs, hi) = (from.bits.row_bytes(from.padded), from.hi_row_bytes());
+        // Row by row as slices (a byte iterator took 150 ms for the 62 MB of 65,536 rows of the
+        // 0.5B's head).
+        fn gather<T: Copy>(to: &mut Vec<T>, from: &[T], per_row: usize, ids: &[usize]) {
+            to.reserve(ids.len() * per_row);
+            ids.iter().for_each(|&r| to.extend_from_slice(&from[r * per_row..(r + 1) * per_row]));
         }
-        Some(QMatrix {
-            rows: ids.len(),
-            qs: gather(&self.qs, qs, ids),
-            hi: gather(&self.hi, hi, ids),
-            d: gather(&self.d, per_d, ids),
-            m: gather(&self.m, per_m, ids),
-            sub: gather(&self.sub, per_sub, ids),
-            ..*self
-        })
+        gather(&mut self.qs, &from.qs, qs, ids);
+        gather(&mut self.hi, &from.hi, hi, ids);
+        gather(&mut self.d, &from.d, per_d, ids);
+        gather(&mut self.m, &from.m, per_m, ids);
+        gather(&mut self.sub, &from.sub, per_sub, ids);
+        self.rows += ids.len();
+        true
     }
 
     /// Rows (outputs).
@@ -731,6 +743,19 @@ mod tests {
                 assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{dtype:?}: row {r}");
             }
             assert!(m.select_rows(&[5]).is_none(), "{dtype:?}: a row past the end");
+            // Appended rows are the same blocks too; a row past the end appends nothing.
+            let mut grown = part.clone();
+            assert!(grown.append_rows(&m, &[1, 3]) && !grown.append_rows(&m, &[5]), "{dtype:?}");
+            assert_eq!(grown.rows(), 6);
+            for (i, r) in [(0, 4), (4, 1), (5, 3)] {
+                grown.dequantize_row(i, &mut a);
+                m.dequantize_row(r, &mut b);
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{dtype:?}: appended row {r}");
+            }
         }
+        // Rows of another type do not append.
+        let (q8, _) = repack(GgmlDType::Q8_0, 2, 512);
+        let (mut q4, _) = repack(GgmlDType::Q4_0, 2, 512);
+        assert!(!q4.append_rows(&q8, &[0]) && q4.rows() == 2);
     }
 }
