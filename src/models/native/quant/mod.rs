@@ -340,8 +340,7 @@ impl QMatrix {
     /// A matrix of the rows `ids` of this one, in that order, with their blocks as they are
     /// (nothing is re-quantized); `None` if an id is out of range.
     pub fn select_rows(&self, ids: &[usize]) -> Option<QMatrix> {
-        let empty = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (qs, hi, d, m, sub) = empty;
+        let (qs, hi, d, m, sub) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut out = QMatrix { rows: 0, qs, hi, d, m, sub, ..*self };
         out.append_rows(self, ids).then_some(out)
     }
