@@ -16,7 +16,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use specdec::batch::{BatchCosts, BatchDecoder, BatchPolicy, Request};
+use specdec::adaptive::CostModel;
+use specdec::batch::{BatchDecoder, BatchPolicy, Request};
 use specdec::kernel::{self, DraftRow};
 use specdec::models::native::matmul::{matmul_parallel, Packed};
 use specdec::toy::MarkovModel;
@@ -213,7 +214,7 @@ fn batches(c: &mut Criterion) {
     });
     // T(m) measured once, as a server would at start-up (not in every iteration).
     let Ok(mut probe) = Llama::new(target.clone()) else { return };
-    let Ok(costs) = BatchCosts::measure(&mut probe, 1, 128) else { return };
+    let Ok(costs) = CostModel::measure(&mut probe, 1, 128) else { return };
     for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2), BatchPolicy::default()] {
         g.bench_function(format!("{policy:?}"), |b| {
             b.iter(|| -> specdec::Result<usize> {

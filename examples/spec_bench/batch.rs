@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use serde_json::json;
-use specdec::batch::{BatchCosts, BatchDecoder, BatchPolicy, Request, MAX_ROWS};
+use specdec::adaptive::CostModel;
+use specdec::batch::{BatchDecoder, BatchPolicy, Request, MAX_ROWS};
 use specdec::{KPolicy, Llama, LlamaWeights, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel};
 
 use crate::chart::{line_chart, Series};
@@ -42,7 +43,7 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
     let start = Instant::now();
     let mut probe = Llama::new(target.clone())?;
     probe.forward(&plan.prompts[0], 0)?;
-    let costs = BatchCosts::measure(&mut probe, plan.prompts[0][0], MAX_ROWS)?;
+    let costs = CostModel::measure(&mut probe, plan.prompts[0][0], MAX_ROWS)?;
     let t1 = costs.target_secs(1).unwrap_or(f64::NAN);
     println!("T(m), the target pass over m rows, measured once in {:.1} s:", start.elapsed().as_secs_f64());
     for m in [1, 2, 4, 8, 16, 32, 64, 128] {
@@ -134,7 +135,7 @@ fn measure(
     plan: &Plan,
     b: usize,
     policy: BatchPolicy,
-    costs: &BatchCosts,
+    costs: &CostModel,
 ) -> Result<Measure> {
     let start = Instant::now();
     let mut batch = BatchDecoder::with_costs(policy, costs.clone())?;

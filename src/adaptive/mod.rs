@@ -8,13 +8,15 @@
 //! fixed from past rounds before the round's own random draws.
 
 mod acceptance;
+mod costs;
 mod policy;
 mod speedup;
 mod tree;
 
 pub(crate) use acceptance::Acceptance;
+pub use costs::{Candidate, CostModel};
 pub use policy::{KPolicy, DEFAULT_MAX_K};
-pub use speedup::{best_k, expected_speedup, verify_costs};
+pub use speedup::{best_k, expected_speedup};
 pub use tree::{ShapeChooser, TreePolicy};
 
 use speedup::MIN_GAIN;
@@ -52,13 +54,10 @@ const ALPHA_DECAY: f64 = 0.97;
 /// few probes (one drafted position each): old enough to be steady, recent enough that a draft
 /// turning good is noticed within a few probes.
 const PLAIN_DECAY: f64 = 0.995;
-/// Weight of a new time in its moving average.
-const COST_WEIGHT: f64 = 0.1;
-/// Before a draft call is timed, it is assumed to cost this fraction of a one-row target call.
-const PRIOR_DRAFT_COST: f64 = 0.1;
-/// Before two block lengths are timed, verifying m rows is assumed to cost 1 + 0.25·(m − 1)
-/// one-row calls (a memory-bound forward pass widens cheaply).
-const PRIOR_VERIFY_SLOPE: f64 = 0.25;
+/// How far an estimate moves back toward where it started in a step without drafting
+/// (half-way in about 70 steps): the batch's acceptance estimates and the cost model's
+/// correction of drafting steps.
+pub(crate) const RELAX: f64 = 0.01;
 /// While drafting, every this many rounds the adaptive controller tries a neighbour of its
 /// best k, so that the cost of other block lengths keeps being measured (and T(1) by k = 0).
 const PROBE_EVERY: usize = 16;
@@ -73,20 +72,21 @@ const SLOW_PROBES_TO_STOP: usize = 3;
 
 /// Chooses k before each round and learns from the round's [`RoundReport`].
 ///
-/// With [`KPolicy::Adaptive`] it keeps moving averages of the per-position acceptance α =
-/// accepted / (accepted + rejections) (as [`Stats::position_acceptance`](crate::Stats::position_acceptance)),
-/// of the time of a draft call, and of the time T(m) of a target call verifying m rows; T(m)
-/// for an m not yet timed comes from a straight line through the timed ones (or a prior slope).
-/// It then picks the k maximizing `E[tokens](k, α) / ((k·t_draft + T(k + 1)) / T(1))`, with
-/// `E[tokens](k, α) = (1 − α^(k+1)) / (1 − α)`; k = 0 scores exactly 1. To keep its estimates
+/// With [`KPolicy::Adaptive`] it keeps a moving estimate of the per-position acceptance α =
+/// accepted / (accepted + rejections) (as [`Stats::position_acceptance`](crate::Stats::position_acceptance))
+/// and a [`CostModel`], the one the batch decoder's policy keeps too: the time of a draft call,
+/// and the time T(m) of a target call verifying m rows (see there how unmeasured sizes are
+/// filled in). It then picks the k maximizing `E[tokens](k, α) / (k·t_draft + T(k + 1))`,
+/// with `E[tokens](k, α) = (1 − α^(k+1)) / (1 − α)`, as [`CostModel::choose`] does for a
+/// batch of one sequence; k = 0 unless that beats plain steps by 3 %. To keep its estimates
 /// alive it probes: every 16th round it tries a neighbour of that k, and while it decodes
 /// plainly it tries k = 1, spaced (every 2 to 256 rounds) so that these rounds cost about 2 %
 /// of the tokens however expensive the draft.
 ///
 /// Two rules bound what a draft too expensive to ever pay (one costing about a target step or
 /// more, which no acceptance rate rescues) loses against plain decoding. Until a draft call
-/// has been timed, the controller drafts at most one token, so the first round risks one draft
-/// call rather than the block the priors would choose. And a probe from plain decoding (that
+/// has been timed, the controller drafts one token, so the first round risks one draft call
+/// rather than a block. And a probe from plain decoding (that
 /// first round included) counts as *too slow* when neither its own time nor the updated
 /// estimates leave any k that would pay even if every drafted token were accepted; each such
 /// probe in a row doubles the wait before the next, and after 3 in a row the controller stops
@@ -149,7 +149,7 @@ impl KController {
         });
         let k = match policy {
             KPolicy::Fixed(k) | KPolicy::GrowShrink { start: k, .. } => k,
-            KPolicy::Adaptive { .. } => estimates.best_k().min(1),
+            KPolicy::Adaptive { .. } => 1,
         };
         Ok(Self { policy, k, since_probe: 0, probes: 0, measuring: false, slow_probes: 0, estimates })
     }
@@ -186,23 +186,21 @@ impl KController {
 
     /// The adaptive policy's k: the best by the estimates, or a probe.
     fn adaptive_k(&mut self, max: usize) -> usize {
-        let (alpha, (draft, verify)) = (self.estimates.alpha(), self.estimates.costs());
-        let best = best_k(alpha, draft, &verify);
-        self.measuring = false;
-        if self.estimates.draft_secs.is_none() {
-            // The draft's cost is still the prior's guess: one drafted token measures it, where
-            // the priors' block would risk several calls of a draft that may cost more than the
-            // target.
-            self.measuring = best > 0;
-            return best.min(1);
+        if !self.estimates.measured() {
+            // The draft's cost is still unknown: one drafted token measures it, where a block
+            // would risk several calls of a draft that may cost more than the target.
+            self.measuring = true;
+            return 1;
         }
+        let best = self.estimates.best_k(max);
+        self.measuring = false;
         if best == 0 && self.stopped_probing() {
             return 0;
         }
         let gap = match best {
             // Each slow probe in a row doubles the wait: a short generation pays for the first
             // round's measurement alone, a long one for 3 probes in all.
-            0 => plain_probe_gap(alpha, draft, &verify) << self.slow_probes,
+            0 => self.estimates.plain_probe_gap(max) << self.slow_probes,
             _ => PROBE_EVERY,
         };
         self.since_probe += 1;
@@ -250,21 +248,22 @@ fn probe(best: usize, max: usize, nth: usize) -> usize {
     }
 }
 
-/// The adaptive controller's moving estimates.
+/// The adaptive controller's moving estimates: acceptance, and the [`CostModel`] the batch's
+/// policy decides from too (one row a draft call, no catch-up: probes cover that here).
 #[derive(Debug, Clone)]
 struct Estimates {
     acceptance: Acceptance,
-    draft_secs: Option<f64>,
-    /// T(m) at index m − 1.
-    verify_secs: Vec<Option<f64>>,
+    costs: CostModel,
+    /// The most rows a round scores: larger reports are ignored.
+    max_rows: usize,
 }
 
 impl Estimates {
     fn new(max_k: usize) -> Self {
         Self {
             acceptance: Acceptance::prior(PRIOR_ALPHA, PRIOR_TRIALS),
-            draft_secs: None,
-            verify_secs: vec![None; max_k + 1],
+            costs: CostModel::default(),
+            max_rows: max_k + 1,
         }
     }
 
@@ -272,16 +271,23 @@ impl Estimates {
         self.acceptance.alpha()
     }
 
-    /// The time of a draft call and T(m) for m = 1..=max + 1.
-    fn costs(&self) -> (f64, Vec<f64>) {
-        let verify = verify_costs(&self.verify_secs, PRIOR_VERIFY_SLOPE);
-        let draft = self.draft_secs.unwrap_or(PRIOR_DRAFT_COST * verify.first().copied().unwrap_or(1.0));
-        (draft, verify)
+    /// Whether a draft call and a target pass were timed.
+    fn measured(&self) -> bool {
+        self.costs.has_draft(1) && self.costs.target_secs(1).is_some()
     }
 
-    fn best_k(&self) -> usize {
-        let (draft, verify) = self.costs();
-        best_k(self.alpha(), draft, &verify)
+    /// The k in `0..=max` the cost model chooses at the estimated acceptance.
+    fn best_k(&self, max: usize) -> usize {
+        let seq = Candidate { alpha: self.alpha(), limit: max, behind: 0, remaining: usize::MAX };
+        self.costs.choose(&[seq])[0]
+    }
+
+    /// The time of a draft call and T(m) for m = 1..=max + 1 (before any target call, T(1) is
+    /// the unit and the others follow the cost model's prior).
+    fn costs(&self, max: usize) -> (f64, Vec<f64>) {
+        let one = self.costs.target_secs(1).unwrap_or(1.0);
+        let verify = (1..=max + 1).map(|m| self.costs.target_secs(m).unwrap_or(one)).collect();
+        (self.costs.draft_secs(1), verify)
     }
 
     /// Whether drafting is too slow to pay even if every drafted token were accepted, both by
@@ -289,41 +295,40 @@ impl Estimates {
     /// any k. Both, so that neither one slow call (a draft catching up after plain rounds) nor
     /// an estimate still dragged by an old slow call stops the probes of a draft that pays.
     fn too_slow(&self, round: &RoundReport) -> bool {
-        let (draft, verify) = self.costs();
-        let plain_secs = (round.drafted + 1) as f64 * verify.first().copied().unwrap_or(0.0);
+        if !self.measured() {
+            return false;
+        }
+        let (draft, verify) = self.costs(self.max_rows - 1);
+        let plain_secs = (round.drafted + 1) as f64 * verify[0];
         let round_too_slow = plain_secs < MIN_GAIN * (round.draft_secs + round.target_secs);
         round_too_slow && best_k(1.0, draft, &verify) == 0
     }
 
+    /// Rounds between probes while decoding plainly: a k = 1 round yields E = 1 + α tokens in
+    /// the time plain decoding yields E / S(1), so it loses E / S(1) − E tokens; at
+    /// [`PROBE_BUDGET`] tokens earned per round, that takes that many rounds (at least 2: when
+    /// k = 1 is nearly as good as plain decoding, probing it often costs little and settles the
+    /// choice quickly; at most [`PROBE_MAX_GAP`]).
+    fn plain_probe_gap(&self, max: usize) -> usize {
+        let (draft, verify) = self.costs(max);
+        let alpha = self.alpha();
+        let (tokens, speedup) = (1.0 + alpha, expected_speedup(1, alpha, draft, &verify));
+        let loss = if speedup > 0.0 { tokens / speedup - tokens } else { f64::INFINITY };
+        // `as` saturates, and turns NaN (which cannot arise here) into 0, then 2.
+        ((loss / PROBE_BUDGET).ceil() as usize).clamp(2, PROBE_MAX_GAP)
+    }
+
+    /// Counts the round's acceptance and times (the cost model ignores impossible times; a
+    /// round of more rows than the controller chooses, such as a tree's, is left out).
     fn observe(&mut self, r: &RoundReport) {
         let decay = if r.drafted > 0 { ALPHA_DECAY } else { PLAIN_DECAY };
         self.acceptance.observe(r.drafted, r.accepted, decay);
         if r.draft_calls > 0 {
-            average_in(&mut self.draft_secs, r.draft_secs / r.draft_calls as f64);
+            self.costs.observe_draft(1, r.draft_secs / r.draft_calls as f64);
         }
-        if let Some(slot) = r.target_rows.checked_sub(1).and_then(|i| self.verify_secs.get_mut(i)) {
-            average_in(slot, r.target_secs);
+        if (1..=self.max_rows).contains(&r.target_rows) {
+            self.costs.observe_target(r.target_rows, r.target_secs);
         }
-    }
-}
-
-/// Rounds between probes while decoding plainly: a k = 1 round yields E = 1 + α tokens in the
-/// time plain decoding yields E / S(1), so it loses E / S(1) − E tokens; at [`PROBE_BUDGET`]
-/// tokens earned per round, that takes that many rounds (at least 2: when k = 1 is nearly as
-/// good as plain decoding, probing it often costs little and settles the choice quickly; at
-/// most [`PROBE_MAX_GAP`]).
-fn plain_probe_gap(alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> usize {
-    let (tokens, speedup) = (1.0 + alpha, expected_speedup(1, alpha, draft_secs, verify_secs));
-    let loss = if speedup > 0.0 { tokens / speedup - tokens } else { f64::INFINITY };
-    // `as` saturates, and turns NaN (which cannot arise here) into 0, then 2.
-    ((loss / PROBE_BUDGET).ceil() as usize).clamp(2, PROBE_MAX_GAP)
-}
-
-/// Folds a time into a moving average; the first one sets it. Times that cannot be (negative,
-/// NaN, infinite) are ignored rather than allowed to poison every later choice.
-fn average_in(avg: &mut Option<f64>, secs: f64) {
-    if secs.is_finite() && secs >= 0.0 {
-        *avg = Some(avg.map_or(secs, |a| a + COST_WEIGHT * (secs - a)));
     }
 }
 
@@ -449,7 +454,8 @@ mod tests {
         }
         // A report that does not fit (more rows than the controller knows) is ignored too.
         ctl.observe(&RoundReport { target_rows: 99, target_secs: 1.0, ..RoundReport::default() });
-        assert!(ctl.estimates.draft_secs.is_none() && ctl.estimates.verify_secs.iter().all(Option::is_none));
+        let costs = &ctl.estimates.costs;
+        assert!(!costs.has_draft(1) && (0..=99).all(|m| !costs.has_target(m)));
         assert!(ctl.next_k() <= 4);
         Ok(())
     }

@@ -1,6 +1,5 @@
 //! The arithmetic of choosing k: the expected speedup of a block length under the geometric
-//! acceptance model with measured costs, the best block length, and the cost of verifying m
-//! rows filled in where it has not been measured. Pure functions of numbers.
+//! acceptance model with measured costs, and the best block length. Pure functions of numbers.
 
 use crate::stats::expected_tokens_per_call;
 
@@ -33,31 +32,6 @@ pub fn best_k(alpha: f64, draft_secs: f64, verify_secs: &[f64]) -> usize {
 
 /// The expected speedup over plain decoding below which [`best_k`] stays plain.
 pub const MIN_GAIN: f64 = 1.03;
-
-/// T(m) for every m = 1..=observed.len(), from the times observed for some of them
-/// (`observed[m − 1]`). A timed m keeps its time; the others come from the least-squares line
-/// through the timed points, its slope kept between 0 (more rows never cost less) and the
-/// value that puts T(0) at 0 (no call costs less than nothing). With a single timed m the line
-/// has `prior_slope` per row relative to T(1); with none, T(m) = 1 + prior_slope·(m − 1).
-pub fn verify_costs(observed: &[Option<f64>], prior_slope: f64) -> Vec<f64> {
-    let points: Vec<(f64, f64)> =
-        observed.iter().enumerate().filter_map(|(i, t)| t.map(|t| ((i + 1) as f64, t))).collect();
-    // The line as a point it passes through and a slope.
-    let (m0, t0, slope) = match points.as_slice() {
-        [] => (1.0, 1.0, prior_slope),
-        &[(m, t)] => (m, t, t * prior_slope / (1.0 + prior_slope * (m - 1.0))),
-        _ => {
-            let n = points.len() as f64;
-            let mean_m = points.iter().map(|p| p.0).sum::<f64>() / n;
-            let mean_t = points.iter().map(|p| p.1).sum::<f64>() / n;
-            let cov: f64 = points.iter().map(|&(m, t)| (m - mean_m) * (t - mean_t)).sum();
-            let var: f64 = points.iter().map(|&(m, _)| (m - mean_m).powi(2)).sum();
-            (mean_m, mean_t, (cov / var).clamp(0.0, mean_t / mean_m))
-        }
-    };
-    let line = |m: f64| t0 + slope * (m - m0);
-    observed.iter().enumerate().map(|(i, t)| t.unwrap_or_else(|| line((i + 1) as f64))).collect()
-}
 
 #[cfg(test)]
 mod tests {
@@ -93,21 +67,5 @@ mod tests {
         assert!(best_k(0.8, 0.15, &steep) < 5);
         assert_eq!(best_k(0.1, 0.3, &flat), 0);
         assert_eq!(best_k(1.0, 0.0, &flat), 10);
-    }
-
-    #[test]
-    fn verify_costs_fill_the_gaps() {
-        let prior = verify_costs(&[None, None, None], 0.25);
-        assert_eq!(prior, vec![1.0, 1.25, 1.5]);
-        // One timed point: the prior's shape scaled through it.
-        assert_eq!(verify_costs(&[None, Some(2.5), None], 0.25), vec![2.0, 2.5, 3.0]);
-        // Two or more: the line through them; timed values stay as they are.
-        let line = verify_costs(&[None, Some(2.0), None, Some(2.2), None], 0.25);
-        let expect = [1.9, 2.0, 2.1, 2.2, 2.3];
-        assert!(line.iter().zip(expect).all(|(a, b)| (a - b).abs() < 1e-12), "{line:?}");
-        // A falling line is flattened; a steep one is kept from going below zero at m = 0.
-        assert_eq!(verify_costs(&[Some(2.0), Some(1.0), None], 0.25)[2], 1.5);
-        let steep = verify_costs(&[None, None, None, Some(1.0), Some(3.0)], 0.25);
-        assert!(steep.iter().all(|&t| t > 0.0), "{steep:?}");
     }
 }

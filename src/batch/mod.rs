@@ -16,10 +16,10 @@ mod sequence;
 #[doc(hidden)]
 pub use fault::Fault;
 use fault::Injected;
-pub use policy::{BatchCosts, BatchPolicy, Candidate};
+pub use policy::BatchPolicy;
 use sequence::Member;
 
-use crate::adaptive::Acceptance;
+use crate::adaptive::{Acceptance, Candidate, CostModel, RELAX};
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
@@ -129,7 +129,7 @@ pub struct BatchDecoder<D, T> {
     seqs: Vec<Member<D, T>>,
     finished: Vec<Finished<D, T>>,
     policy: BatchPolicy,
-    costs: BatchCosts,
+    costs: CostModel,
     next_id: u64,
     ready: bool,
     /// The acceptance of every sequence's drafts, pooled: where a new sequence's estimate
@@ -146,10 +146,6 @@ const KEEP: f64 = 0.95;
 /// Positions' worth of the prior an acceptance estimate starts from (it fades like the
 /// counts).
 const PRIOR_WEIGHT: f64 = 8.0;
-/// How far an estimate moves back toward its prior in a step without drafting (half-way in
-/// about 70 steps): a sequence's acceptance, the pooled one, and the policy's correction of
-/// drafting steps.
-const RELAX: f64 = 0.01;
 
 /// Where the pooled acceptance estimate starts: optimistic, so that the adaptive policy drafts
 /// at first and learns what drafting is worth (it backs off within a few steps if little is
@@ -162,17 +158,17 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// # Errors
     /// [`Error::InvalidSetting`] for a policy out of range (see [`BatchPolicy::check`]).
     pub fn new(policy: BatchPolicy) -> Result<Self> {
-        Self::with_costs(policy, BatchCosts::default())
+        Self::with_costs(policy, CostModel::default())
     }
 
     /// An empty batch whose adaptive policy starts from costs measured before (say, once when
-    /// a server starts, with [`BatchCosts::measure`]); without T(1) among them, the first
+    /// a server starts, with [`CostModel::measure`]); without T(1) among them, the first
     /// adaptive step measures T(m) on its first sequence's target, which takes about as long
     /// as scoring 1,500 rows (2 s for SmolLM2-135M in f32 on 2 cores).
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn with_costs(policy: BatchPolicy, costs: BatchCosts) -> Result<Self> {
+    pub fn with_costs(policy: BatchPolicy, costs: CostModel) -> Result<Self> {
         Ok(Self {
             seqs: Vec::new(),
             finished: Vec::new(),
@@ -229,7 +225,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     }
 
     /// The measured costs the adaptive policy decides from.
-    pub fn costs(&self) -> &BatchCosts {
+    pub fn costs(&self) -> &CostModel {
         &self.costs
     }
 
@@ -420,7 +416,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     }
 
     /// Measures T(m) on the first sequence's target when the costs lack it (see
-    /// [`BatchCosts::measure`]: about as long as scoring 1,500 rows, 2 s for SmolLM2-135M in f32
+    /// [`CostModel::measure`]: about as long as scoring 1,500 rows, 2 s for SmolLM2-135M in f32
     /// on 2 cores). The adaptive policy's first [`step`](Self::step) calls it when no costs
     /// were given ([`with_costs`](Self::with_costs)); call it after the first
     /// [`add`](Self::add) to spend that time when it suits you. Does nothing without a
@@ -433,7 +429,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let Some(s) = self.seqs.first_mut() else { return Ok(()) };
         if !self.costs.has_target(1) {
             let token = s.seq.ctx()[s.seq.ctx().len() - 1];
-            self.costs.merge(BatchCosts::measure(&mut s.seq.target, token, MAX_ROWS)?);
+            self.costs.merge(CostModel::measure(&mut s.seq.target, token, MAX_ROWS)?);
         }
         Ok(())
     }

@@ -3,8 +3,8 @@
 //! and its own k if the request fixed one.
 
 use super::{Finished, Request, SeqId};
-use super::{KEEP, PRIOR_WEIGHT, RELAX};
-use crate::adaptive::Acceptance;
+use super::{KEEP, PRIOR_WEIGHT};
+use crate::adaptive::{Acceptance, RELAX};
 use crate::decoder::Sequence;
 use crate::error::Result;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel};
