@@ -81,12 +81,13 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // One or two activation rows: tiles of 2 weight rows (two sums in flight). More: one
-        // weight row at a time and up to WIDE activation rows a pass, so that each row's codes
-        // are unpacked once for as many rows as the registers hold (on Zen 3 this made 5 rows
-        // of the 1.5B cost 1.6 one-row passes instead of 2.0). Passes of even sizes (see the
+        // One activation row: tiles of 2 weight rows (two sums in flight). More: one weight
+        // row at a time and up to WIDE activation rows a pass, so that each row's codes are
+        // unpacked once for as many rows as the registers hold (on Zen 3 this made 5 rows of
+        // the 1.5B cost 1.6 one-row passes instead of 2.0, and 2 rows inside the speculative
+        // decoder 1.2 instead of 1.7, where 2 × 2 tiles ran). Passes of even sizes (see the
         // AVX-512 kernel).
-        let tile_max = if a.rows <= TILE { TILE } else { 1 };
+        let tile_max = if a.rows < TILE { TILE } else { 1 };
         let passes = a.rows.div_ceil(WIDE);
         let mut c = cols.start;
         while c < cols.end {
