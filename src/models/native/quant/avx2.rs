@@ -30,9 +30,13 @@ use crate::models::native::out_ptr::OutPtr;
 /// of one weight row (more rows).
 const TILE: usize = 2;
 const WIDE: usize = 6;
-/// Weight rows ahead whose bytes are prefetched into L2 (the same bytes ahead as the AVX-512
-/// kernel's two 4-row tiles).
+/// Weight rows ahead whose bytes are prefetched into L2: for several activation rows (the same
+/// bytes ahead as the AVX-512 kernel's two 4-row tiles), and for one. On a quiet Zen 3, 4 rows
+/// ahead made one-row passes 5–8 % faster than 8 (the 1.5B Qwen 46–48 ms against 49–54, the
+/// 0.5B 22 against 24, Gemma-3-270M 14.5 against 15.7), 2 no faster than 4, 1 and 16 slower;
+/// with five rows 4 was as often slower than 8 (Gemma-3-270M: 31 ms against 27.5).
 const AHEAD: usize = 8;
+const AHEAD_ONE: usize = 4;
 
 /// The AVX2 kernel.
 ///
@@ -174,7 +178,8 @@ unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8
             // Codes, scales and high bits for one or two activation rows (on a busy Zen 3 a
             // one-row pass of the 1.5B took 10–25 % less time than with codes alone); codes
             // alone for more, which the extra prefetches slowed.
-            w.prefetch(i, AHEAD, start, g, C, BITS, M <= TILE);
+            let ahead = if M == 1 { AHEAD_ONE } else { AHEAD };
+            w.prefetch(i, ahead, start, g, C, BITS, M <= TILE);
             for h in 0..2 {
                 let q = codes::<VNNI, BITS, C>(w, i, start, h);
                 let (scale, mut offset) = scales::<C>(w, i, start, h);
