@@ -13,9 +13,9 @@
 //! sign of `x` moved onto `s`: each pair is then at most 2 × 127 × 128 < 2^15. The `−128` is
 //! paid back in the offset term: `Σ d·dx·Σq·xq = Σ d·dx·Σs·xq + Σ 128·d·sx`.
 //!
-//! Registers: AVX2 has 16. A pass keeps one accumulator per (weight row, activation row), up to
-//! 6 (2 × 2 or 1 × 6), and one weight row's half-group of codes (4 registers) live, with room
-//! for the scales and temporaries.
+//! Registers: AVX2 has 16. A pass over one weight row keeps one accumulator per activation row,
+//! up to 6, and the row's half-group of codes (4 registers) live, with room for the scales and
+//! temporaries.
 
 // The kernel indexes register arrays by chunk to mirror the math.
 #![allow(clippy::needless_range_loop)]
@@ -26,10 +26,11 @@ use std::ops::Range;
 use super::{Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP};
 use crate::models::native::out_ptr::OutPtr;
 
-/// Weight rows per tile for one or two activation rows, and the most activation rows per pass
-/// of one weight row (more rows).
-const TILE: usize = 2;
+/// The most activation rows per pass over a weight row.
 const WIDE: usize = 6;
+/// Activation rows up to which a pass prefetches a row's scales and high bits as well as its
+/// codes (see [`Weights::prefetch`]).
+const PREFETCH_ALL: usize = 2;
 /// Weight rows ahead whose bytes are prefetched into L2: for several activation rows (the same
 /// bytes ahead as the AVX-512 kernel's two 4-row tiles), and for one. On a quiet Zen 3, 4 rows
 /// ahead made one-row passes 5–8 % faster than 8 (the 1.5B Qwen 46–48 ms against 49–54, the
@@ -75,7 +76,7 @@ pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
     }
 }
 
-/// Walks `cols` in tiles of weight rows and the activation rows in groups.
+/// Walks `cols` one weight row at a time, each in passes over up to WIDE activation rows.
 ///
 /// # Safety
 /// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, `w.bits` of
@@ -85,87 +86,80 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // One activation row: tiles of 2 weight rows (two sums in flight). More: one weight
-        // row at a time and up to WIDE activation rows a pass, so that each row's codes are
-        // unpacked once for as many rows as the registers hold (on Zen 3 this made 5 rows of
-        // the 1.5B cost 1.6 one-row passes instead of 2.0, and 2 rows inside the speculative
-        // decoder 1.2 instead of 1.7, where 2 × 2 tiles ran). Passes of even sizes (see the
-        // AVX-512 kernel).
-        let tile_max = if a.rows < TILE { TILE } else { 1 };
+        // One weight row at a time, so that its codes are unpacked once for as many activation
+        // rows as the registers hold. Tiles of two weight rows (two sums in flight) used to
+        // serve one and two activation rows; on a quiet Zen 3 one row at a time made one-row
+        // passes 6–15 % faster (the 1.5B Qwen 43–46 ms against 50–54, the 0.5B 19 against
+        // 22, Gemma-3-270M 12.4 against 13.2–14.2, SmolLM2 Q4_1 5.7–6.1 against 5.9–6.2), and
+        // for two rows inside the speculative decoder 1.2 one-row passes instead of 1.7. Passes
+        // of even sizes (see the AVX-512 kernel).
         let passes = a.rows.div_ceil(WIDE);
-        let mut c = cols.start;
-        while c < cols.end {
-            let tile = if cols.end - c >= tile_max { tile_max } else { 1 };
+        for c in cols {
             let mut r = 0;
             for p in 0..passes {
                 let g = (a.rows - r).div_ceil(passes - p);
-                match (g, tile) {
-                    (1, TILE) => tile_256::<1, TILE, VNNI, BITS>(a, w, r, c, &out),
-                    (_, TILE) => tile_256::<2, TILE, VNNI, BITS>(a, w, r, c, &out),
-                    (1, _) => tile_256::<1, 1, VNNI, BITS>(a, w, r, c, &out),
-                    (2, _) => tile_256::<2, 1, VNNI, BITS>(a, w, r, c, &out),
-                    (3, _) => tile_256::<3, 1, VNNI, BITS>(a, w, r, c, &out),
-                    (4, _) => tile_256::<4, 1, VNNI, BITS>(a, w, r, c, &out),
-                    (5, _) => tile_256::<5, 1, VNNI, BITS>(a, w, r, c, &out),
-                    _ => tile_256::<WIDE, 1, VNNI, BITS>(a, w, r, c, &out),
+                match g {
+                    1 => row_256::<1, VNNI, BITS>(a, w, r, c, &out),
+                    2 => row_256::<2, VNNI, BITS>(a, w, r, c, &out),
+                    3 => row_256::<3, VNNI, BITS>(a, w, r, c, &out),
+                    4 => row_256::<4, VNNI, BITS>(a, w, r, c, &out),
+                    5 => row_256::<5, VNNI, BITS>(a, w, r, c, &out),
+                    _ => row_256::<WIDE, VNNI, BITS>(a, w, r, c, &out),
                 }
                 r += g;
             }
-            c += tile;
         }
     }
 }
 
-/// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
+/// `out[r][c] = x_r · w_c` for M activation rows from `r0` and weight row `c`.
 ///
 /// # Safety
-/// As `drive`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
+/// As `drive`, with `r0 + M <= a.rows` and `c` one of the caller's columns.
 #[inline(always)]
-unsafe fn tile_256<const M: usize, const R: usize, const VNNI: bool, const BITS: u8>(
+unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8>(
     a: &QActs,
     w: &QMatrix,
     r0: usize,
-    c0: usize,
+    c: usize,
     out: &OutPtr,
 ) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         let chunks = w.padded / CHUNK;
-        let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
-        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let (wts, x) = (Weights::new(w, c), Acts::new(a, r0));
+        let mut acc = [_mm256_setzero_ps(); M];
         let full = chunks / GROUP;
         for g in 0..full {
-            group::<M, R, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
+            group::<M, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
         }
         let at = full * GROUP;
         match chunks - at {
             0 => {}
-            1 => group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
-            2 => group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
+            1 => group::<M, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
+            2 => group::<M, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
             _ => {
-                group::<M, R, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
-                group::<M, R, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+                group::<M, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
+                group::<M, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
             }
         }
-        for (i, acc_i) in acc.iter().enumerate() {
-            for (r, v) in acc_i.iter().enumerate() {
-                out.write((r0 + r) * w.rows + c0 + i, hsum(*v));
-            }
+        for (r, v) in acc.iter().enumerate() {
+            out.write((r0 + r) * w.rows + c, hsum(*v));
         }
     }
 }
 
-/// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
-/// activation rows into `acc`, half a chunk (8 lanes) at a time: each weight row's half-group
-/// of codes is unpacked once for the M rows, and each product's sums are scaled once.
+/// Adds the group of `C` chunks from `start` (group number `g`) of the weight row times M
+/// activation rows into `acc`, half a chunk (8 lanes) at a time: the row's half-group of codes
+/// is unpacked once for the M rows, and each product's sums are scaled once.
 ///
 /// # Safety
 /// AVX2, FMA and F16C (AVX-VNNI too when `VNNI`), inlined into a caller that has them; the
-/// group lies within the rows.
+/// group lies within the row.
 #[inline(always)]
-unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8, const C: usize>(
-    acc: &mut [[__m256; M]; R],
+unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize>(
+    acc: &mut [__m256; M],
     w: Weights,
     x: Acts,
     start: usize,
@@ -174,42 +168,38 @@ unsafe fn group<const M: usize, const R: usize, const VNNI: bool, const BITS: u8
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        for (i, acc_i) in acc.iter_mut().enumerate() {
-            // Codes, scales and high bits for one or two activation rows (on a busy Zen 3 a
-            // one-row pass of the 1.5B took 10–25 % less time than with codes alone); codes
-            // alone for more, which the extra prefetches slowed.
-            let ahead = if M == 1 { AHEAD_ONE } else { AHEAD };
-            w.prefetch(i, ahead, start, g, C, BITS, M <= TILE);
-            for h in 0..2 {
-                let q = codes::<VNNI, BITS, C>(w, i, start, h);
-                let (scale, mut offset) = scales::<C>(w, i, start, h);
-                if BITS == 8 && !VNNI {
-                    // Signed codes `q − 128`: the 128 comes back here.
-                    offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), offset);
-                }
-                for (r, a) in acc_i.iter_mut().enumerate() {
-                    let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
-                    let dot = dot::<VNNI, BITS, C>(&q, xq);
-                    let lane = (r * x.groups + g) * 16 + 8 * h;
-                    let (dx, sx) = (_mm256_loadu_ps(x.dx.add(lane)), _mm256_loadu_ps(x.sx.add(lane)));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
-                    *a = _mm256_fmadd_ps(offset, sx, *a);
-                }
+        // Codes, scales and high bits for one or two activation rows (on a busy Zen 3 a
+        // one-row pass of the 1.5B took 10–25 % less time than with codes alone); codes alone
+        // for more, which the extra prefetches slowed.
+        let ahead = if M == 1 { AHEAD_ONE } else { AHEAD };
+        w.prefetch(0, ahead, start, g, C, BITS, M <= PREFETCH_ALL);
+        let both = scales::<C>(w, start);
+        for (h, &(scale, offset)) in both.iter().enumerate() {
+            let q = codes::<VNNI, BITS, C>(w, start, h);
+            // Signed codes `q − 128` (8 bits without VNNI): the 128 comes back here.
+            let offset =
+                if BITS == 8 && !VNNI { _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), offset) } else { offset };
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
+                let dot = dot::<VNNI, BITS, C>(&q, xq);
+                let lane = (r * x.groups + g) * 16 + 8 * h;
+                let (dx, sx) = (_mm256_loadu_ps(x.dx.add(lane)), _mm256_loadu_ps(x.sx.add(lane)));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
+                *a = _mm256_fmadd_ps(offset, sx, *a);
             }
         }
     }
 }
 
-/// Half `h` of each of the `C` chunks from `start` of weight row `i`: its codes in lane
+/// Half `h` of each of the `C` chunks from `start` of the weight row: its codes in lane
 /// order (signed, `q − 128`, for 8 bits without VNNI; see the module docs).
 ///
 /// # Safety
-/// AVX2; the chunks lie within row `i`; `C` is 4, 2 or 1 (1 only for an unpaired last chunk
+/// AVX2; the chunks lie within the row; `C` is 4, 2 or 1 (1 only for an unpaired last chunk
 /// of nibbles).
 #[inline(always)]
 unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
     w: Weights,
-    i: usize,
     start: usize,
     h: usize,
 ) -> [__m256i; C] {
@@ -220,14 +210,14 @@ unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
         let mut out = [_mm256_setzero_si256(); C];
         if BITS == 8 {
             for (c, o) in out.iter_mut().enumerate() {
-                *o = _mm256_loadu_si256(w.qs.add(i * w.row_bytes + (start + c) * CHUNK + 32 * h) as *const __m256i);
+                *o = _mm256_loadu_si256(w.qs.add((start + c) * CHUNK + 32 * h) as *const __m256i);
                 if !VNNI {
                     *o = _mm256_xor_si256(*o, _mm256_set1_epi8(-128));
                 }
             }
             return out;
         }
-        let at = w.qs.add(i * w.row_bytes + start * 32);
+        let at = w.qs.add(start * 32);
         if C == 1 {
             // An unpaired last chunk: low nibbles hold positions 0..32, high ones 32..64.
             let v = _mm256_loadu_si256(at as *const __m256i);
@@ -244,7 +234,7 @@ unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
         if BITS != 4 {
             let hb = if BITS == 5 { 1 } else { 2 };
             for (c, o) in out.iter_mut().enumerate() {
-                *o = _mm256_or_si256(*o, high_bits(w.plane.add(i * w.hi_row + (start + c) * 8 * hb), hb, h));
+                *o = _mm256_or_si256(*o, high_bits(w.plane.add((start + c) * 8 * hb), hb, h));
             }
         }
         out
@@ -296,50 +286,51 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
     }
 }
 
-/// The scales and offsets of weight row `i` on lanes `8h..8h + 8` of the group of `C` chunks
-/// from `start`.
+/// The scales and offsets of the weight row on lanes `0..8` and `8..16` of the group of `C`
+/// chunks from `start` (the two halves), computed once per group: the K-quants' sub-block
+/// scales are converted once and spread onto each half's lanes with one permute.
 ///
 /// # Safety
-/// AVX2 and F16C; the group lies within row `i`; `C` is 4 for the K-quants (whose rows are
+/// AVX2 and F16C; the group lies within the row; `C` is 4 for the K-quants (whose rows are
 /// whole groups).
 #[inline(always)]
-unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize, h: usize) -> (__m256, __m256) {
+unsafe fn scales<const C: usize>(w: Weights, start: usize) -> [(__m256, __m256); 2] {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        let (per_d, per_m, per_sub) = w.per_row;
         match w.scales {
             Scales::Block { implied } => {
-                let d = per_block::<C>(w.d.add(i * per_d + start * 2), h);
-                let m = match implied {
-                    Some(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
-                    None => per_block::<C>(w.m.add(i * per_m + start * 2), h),
+                let (d0, d1) = (per_block::<C>(w.d.add(start * 2), 0), per_block::<C>(w.d.add(start * 2), 1));
+                let (m0, m1) = match implied {
+                    Some(k) => (_mm256_mul_ps(d0, _mm256_set1_ps(k)), _mm256_mul_ps(d1, _mm256_set1_ps(k))),
+                    None => (per_block::<C>(w.m.add(start * 2), 0), per_block::<C>(w.m.add(start * 2), 1)),
                 };
-                (d, m)
+                [(d0, m0), (d1, m1)]
             }
             Scales::Super => {
-                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; this half's
+                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; half h's
                 // lanes are bytes 8h.. of those.
                 let g = start / GROUP;
-                let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-                let (mut sc, mut mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
-                if h == 1 {
-                    (sc, mn) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
-                }
-                let (sc, mn) =
-                    (_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
-                let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
-                (_mm256_mul_ps(d, sc), _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), mn))
+                let bytes = _mm_loadu_si128(w.sub.add(16 * g) as *const __m128i);
+                let (sc, mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
+                let (d, dmin) = (splat(*w.d.add(g)), splat(*w.m.add(g)));
+                let dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
+                let lanes = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+                let (sc1, mn1) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
+                [
+                    (_mm256_mul_ps(d, lanes(sc)), _mm256_mul_ps(dmin, lanes(mn))),
+                    (_mm256_mul_ps(d, lanes(sc1)), _mm256_mul_ps(dmin, lanes(mn1))),
+                ]
             }
             Scales::Six => {
                 // One i8 scale a lane.
                 let g = start / GROUP;
-                let mut bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-                if h == 1 {
-                    bytes = _mm_srli_si128::<8>(bytes);
-                }
-                let d = _mm256_mul_ps(splat(*w.d.add(i * per_d + g)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
-                (d, _mm256_mul_ps(d, _mm256_set1_ps(-32.0)))
+                let d = splat(*w.d.add(g));
+                let bytes = _mm_loadu_si128(w.sub.add(16 * g) as *const __m128i);
+                let d0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+                let d1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(bytes))));
+                let k = _mm256_set1_ps(-32.0);
+                [(d0, _mm256_mul_ps(d0, k)), (d1, _mm256_mul_ps(d1, k))]
             }
         }
     }
