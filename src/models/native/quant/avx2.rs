@@ -198,11 +198,7 @@ unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize
 /// AVX2; the chunks lie within the row; `C` is 4, 2 or 1 (1 only for an unpaired last chunk
 /// of nibbles).
 #[inline(always)]
-unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(
-    w: Weights,
-    start: usize,
-    h: usize,
-) -> [__m256i; C] {
+unsafe fn codes<const VNNI: bool, const BITS: u8, const C: usize>(w: Weights, start: usize, h: usize) -> [__m256i; C] {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
