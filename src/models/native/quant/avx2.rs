@@ -35,7 +35,9 @@ const PREFETCH_ALL: usize = 2;
 /// bytes ahead as the AVX-512 kernel's two 4-row tiles), and for one. On a quiet Zen 3, 4 rows
 /// ahead made one-row passes 5–8 % faster than 8 (the 1.5B Qwen 46–48 ms against 49–54, the
 /// 0.5B 22 against 24, Gemma-3-270M 14.5 against 15.7), 2 no faster than 4, 1 and 16 slower;
-/// with five rows 4 was as often slower than 8 (Gemma-3-270M: 31 ms against 27.5).
+/// with five rows 4 was as often slower than 8 (Gemma-3-270M: 31 ms against 27.5). Those
+/// numbers are from tiles of two weight rows; with one weight row a pass, 2, 4 and 8 rows
+/// ahead measured within the noise of a shared host (1.5B Qwen 45–52 ms each).
 const AHEAD: usize = 8;
 const AHEAD_ONE: usize = 4;
 
@@ -284,7 +286,9 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
 
 /// The scales and offsets of the weight row on lanes `0..8` and `8..16` of the group of `C`
 /// chunks from `start` (the two halves), computed once per group: the K-quants' sub-block
-/// scales are converted once and spread onto each half's lanes with one permute.
+/// bytes are loaded and unpacked, and `d`/`dmin` splatted, once for both halves. (Spreading
+/// one 8-lane vector of scales onto the halves with `vpermps` instead made one-row passes of
+/// the 1.5B Qwen 63 ms against 50 on Zen 3.)
 ///
 /// # Safety
 /// AVX2 and F16C; the group lies within the row; `C` is 4 for the K-quants (whose rows are
@@ -296,12 +300,12 @@ unsafe fn scales<const C: usize>(w: Weights, start: usize) -> [(__m256, __m256);
     unsafe {
         match w.scales {
             Scales::Block { implied } => {
-                let (d0, d1) = (per_block::<C>(w.d.add(start * 2), 0), per_block::<C>(w.d.add(start * 2), 1));
-                let (m0, m1) = match implied {
-                    Some(k) => (_mm256_mul_ps(d0, _mm256_set1_ps(k)), _mm256_mul_ps(d1, _mm256_set1_ps(k))),
-                    None => (per_block::<C>(w.m.add(start * 2), 0), per_block::<C>(w.m.add(start * 2), 1)),
-                };
-                [(d0, m0), (d1, m1)]
+                let (d, m) = (w.d.add(start * 2), w.m.wrapping_add(start * 2));
+                let (d0, d1) = (per_block::<C>(d, 0), per_block::<C>(d, 1));
+                match implied {
+                    Some(k) => [(d0, _mm256_mul_ps(d0, _mm256_set1_ps(k))), (d1, _mm256_mul_ps(d1, _mm256_set1_ps(k)))],
+                    None => [(d0, per_block::<C>(m, 0)), (d1, per_block::<C>(m, 1))],
+                }
             }
             Scales::Super => {
                 // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; half h's
