@@ -23,11 +23,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP};
+use super::{passes, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS};
 use crate::models::native::out_ptr::OutPtr;
 
-/// The most activation rows per pass over a weight row.
-const WIDE: usize = 6;
 /// Activation rows up to which a pass prefetches a row's scales and high bits as well as its
 /// codes (see [`Weights::prefetch`]).
 const PREFETCH_ALL: usize = 2;
@@ -78,7 +76,7 @@ pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
     }
 }
 
-/// Walks `cols` one weight row at a time, each in passes over up to WIDE activation rows.
+/// Walks `cols` one weight row at a time, each in the [`passes`] over the activation rows.
 ///
 /// # Safety
 /// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, `w.bits` of
@@ -93,22 +91,17 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
         // serve one and two activation rows; on a quiet Zen 3 one row at a time made one-row
         // passes 6–15 % faster (the 1.5B Qwen 43–46 ms against 50–54, the 0.5B 19 against
         // 22, Gemma-3-270M 12.4 against 13.2–14.2, SmolLM2 Q4_1 5.7–6.1 against 5.9–6.2), and
-        // for two rows inside the speculative decoder 1.2 one-row passes instead of 1.7. Passes
-        // of even sizes (see the AVX-512 kernel).
-        let passes = a.rows.div_ceil(WIDE);
+        // for two rows inside the speculative decoder 1.2 one-row passes instead of 1.7.
         for c in cols {
-            let mut r = 0;
-            for p in 0..passes {
-                let g = (a.rows - r).div_ceil(passes - p);
+            for (r, g) in passes(a.rows) {
                 match g {
                     1 => row_256::<1, VNNI, BITS>(a, w, r, c, &out),
                     2 => row_256::<2, VNNI, BITS>(a, w, r, c, &out),
                     3 => row_256::<3, VNNI, BITS>(a, w, r, c, &out),
                     4 => row_256::<4, VNNI, BITS>(a, w, r, c, &out),
                     5 => row_256::<5, VNNI, BITS>(a, w, r, c, &out),
-                    _ => row_256::<WIDE, VNNI, BITS>(a, w, r, c, &out),
+                    _ => row_256::<PASS_ROWS, VNNI, BITS>(a, w, r, c, &out),
                 }
-                r += g;
             }
         }
     }
@@ -130,7 +123,7 @@ unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8>(
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         let chunks = w.padded / CHUNK;
-        let (wts, x) = (Weights::new(w, c), Acts::new(a, r0));
+        let (wts, x) = (Weights::new(w, c), Acts::new(a, r0, M));
         let mut acc = [_mm256_setzero_ps(); M];
         let full = chunks / GROUP;
         for g in 0..full {
@@ -176,16 +169,16 @@ unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize
         let ahead = if M == 1 { AHEAD_ONE } else { AHEAD };
         w.prefetch(0, ahead, start, g, C, BITS, M <= PREFETCH_ALL);
         let both = scales::<C>(w, start);
+        let (xg, (dxg, sxg)) = (x.codes(start), x.lanes(g));
         for (h, &(scale, offset)) in both.iter().enumerate() {
             let q = codes::<VNNI, BITS, C>(w, start, h);
             // Signed codes `q − 128` (8 bits without VNNI): the 128 comes back here.
             let offset =
                 if BITS == 8 && !VNNI { _mm256_fmadd_ps(scale, _mm256_set1_ps(128.0), offset) } else { offset };
             for (r, a) in acc.iter_mut().enumerate() {
-                let xq = x.xq.add(r * x.padded + start * CHUNK + 32 * h);
-                let dot = dot::<VNNI, BITS, C>(&q, xq);
-                let lane = (r * x.groups + g) * 16 + 8 * h;
-                let (dx, sx) = (_mm256_loadu_ps(x.dx.add(lane)), _mm256_loadu_ps(x.sx.add(lane)));
+                let dot = dot::<VNNI, BITS, C>(&q, xg.add(r * C * CHUNK + 32 * h));
+                let lane = 16 * r + 8 * h;
+                let (dx, sx) = (_mm256_loadu_ps(dxg.add(lane)), _mm256_loadu_ps(sxg.add(lane)));
                 *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
                 *a = _mm256_fmadd_ps(offset, sx, *a);
             }

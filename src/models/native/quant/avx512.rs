@@ -8,13 +8,12 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP};
+use super::{passes, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS};
 use crate::models::native::out_ptr::OutPtr;
 
-/// Weight rows per tile (at most 4: the tile's sums are reduced four at a time), and the most
-/// activation rows per pass: 2 × 4 codes, 2 × 6 sums and their scales fill the 32 registers.
+/// Weight rows per tile (at most 4: the tile's sums are reduced four at a time): 2 × 4 codes,
+/// 2 × 6 sums (a pass's `PASS_ROWS` activation rows) and their scales fill the 32 registers.
 const TILE: usize = 2;
-const ROWS: usize = 6;
 /// Weight rows ahead whose bytes are prefetched into L2.
 const AHEAD: usize = 8;
 
@@ -47,30 +46,24 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // The activation rows in as few passes as the registers allow, of even sizes (5 rows as
-        // 3 + 2, not 4 + 1: a pass of one row pays the unpacking for little work).
-        let passes = a.rows.div_ceil(ROWS);
         let mut c = cols.start;
         while c < cols.end {
             let tile = if cols.end - c >= TILE { TILE } else { 1 };
-            let mut r = 0;
-            for p in 0..passes {
-                let g = (a.rows - r).div_ceil(passes - p);
+            for (r, g) in passes(a.rows) {
                 match (g, tile) {
                     (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
                     (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
                     (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
                     (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
                     (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, r, c, out),
-                    (_, TILE) => tile_vnni::<ROWS, TILE, BITS>(a, w, r, c, out),
+                    (_, TILE) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, r, c, out),
                     (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
                     (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
                     (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
                     (4, _) => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
                     (5, _) => tile_vnni::<5, 1, BITS>(a, w, r, c, out),
-                    _ => tile_vnni::<ROWS, 1, BITS>(a, w, r, c, out),
+                    _ => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, r, c, out),
                 }
-                r += g;
             }
             c += tile;
         }
@@ -260,14 +253,14 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
             q[i] = codes::<BITS, C>(w, i, start);
             (scale[i], offset[i]) = scales::<C>(w, i, start);
         }
+        let (xg, (dxg, sxg)) = (x.codes(start), x.lanes(g));
         for r in 0..M {
-            let xq = x.xq.add(r * x.padded + start * CHUNK);
+            let xq = xg.add(r * C * CHUNK);
             let mut xs = [_mm512_setzero_si512(); C];
             for c in 0..C {
                 xs[c] = _mm512_loadu_si512(xq.add(c * CHUNK) as *const _);
             }
-            let lane = (r * x.groups + g) * 16;
-            let (dx, sx) = (_mm512_loadu_ps(x.dx.add(lane)), _mm512_loadu_ps(x.sx.add(lane)));
+            let (dx, sx) = (_mm512_loadu_ps(dxg.add(16 * r)), _mm512_loadu_ps(sxg.add(16 * r)));
             for i in 0..R {
                 let mut dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], xs[0]);
                 for c in 1..C {
@@ -297,7 +290,7 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         let chunks = w.padded / CHUNK;
-        let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0));
+        let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0, M));
         let mut acc = [[_mm512_setzero_ps(); R]; M];
         let full = chunks / GROUP;
         for g in 0..full {

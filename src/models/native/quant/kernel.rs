@@ -6,7 +6,7 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
-use super::{group_count, locate, QActs, QMatrix, CHUNK};
+use super::{group_count, QActs, QMatrix, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::Level;
 use crate::models::native::out_ptr::OutPtr;
@@ -71,8 +71,8 @@ fn check(a: &QActs, w: &QMatrix, out: OutPtr, cols: &Range<usize>) {
 pub unsafe fn qmatmul_portable(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     check(a, w, out, &cols);
     let nb = w.padded / 32;
-    let (len, chunks) = (a.padded, a.padded / CHUNK);
-    let x: Vec<i8> = (0..a.rows * len).map(|j| a.xq[j / len * len + locate(chunks, j % len)]).collect();
+    let len = a.padded;
+    let x: Vec<i8> = (0..a.rows * len).map(|j| a.xq[a.at(j / len, j % len)]).collect();
     let mut codes = vec![0u8; w.padded];
     let mut scales = vec![(0f32, 0f32); w.padded / 16];
     for c in cols {

@@ -63,6 +63,27 @@ fn group_count(chunks: usize) -> usize {
     chunks / GROUP + [0, 1, 1, 2][chunks % GROUP]
 }
 
+/// The most activation rows one pass of a SIMD kernel covers (what both kernels' registers
+/// hold beside a weight row's codes).
+const PASS_ROWS: usize = 6;
+
+/// The passes a SIMD kernel makes over `rows` activation rows for each weight row, as (first
+/// row, rows): as few as [`PASS_ROWS`] allows, of even sizes (9 rows as 5 + 4: a small last
+/// pass pays the unpacking for little work). [`QActs`] stores its rows by these passes.
+fn passes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = rows.div_ceil(PASS_ROWS);
+    (0..count).scan(0, move |r, p| {
+        let n = (rows - *r).div_ceil(count - p);
+        *r += n;
+        Some((*r - n, n))
+    })
+}
+
+/// The pass (first row, rows) of [`passes`]`(rows)` that holds row `r`.
+fn pass_of(rows: usize, r: usize) -> (usize, usize) {
+    passes(rows).find(|&(r0, n)| r < r0 + n).unwrap_or((r, 1))
+}
+
 /// The group (first chunk, chunks) that holds chunk `c` of a row of `chunks` chunks.
 fn group_of(chunks: usize, c: usize) -> (usize, usize) {
     let full = chunks / GROUP * GROUP;
@@ -553,42 +574,71 @@ impl Weights {
     }
 }
 
-/// A SIMD kernel's view of a pass's activation rows, from its first, as raw pointers.
+/// A SIMD kernel's view of a pass's activation rows (one of [`passes`]), as raw pointers
+/// into the pass's block of [`QActs`].
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Acts {
     xq: *const i8,
-    padded: usize,
     dx: *const f32,
     sx: *const f32,
-    groups: usize,
+    rows: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Acts {
-    /// Rows `r0..` of `a`.
+    /// The pass of `rows` rows from `r0` (one of [`passes`]) of `a`.
     ///
     /// # Safety
-    /// `r0 < a.rows`.
-    unsafe fn new(a: &QActs, r0: usize) -> Self {
-        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
-        // target features it is compiled for); the operations below rely on nothing else.
+    /// `(r0, rows)` is one of `passes(a.rows)`.
+    unsafe fn new(a: &QActs, r0: usize, rows: usize) -> Self {
+        let groups = group_count(a.padded / CHUNK);
+        // SAFETY: the pass's block lies within the arrays (see `QActs::quantize`).
         unsafe {
-            let groups = group_count(a.padded / CHUNK);
             Self {
                 xq: a.xq.as_ptr().add(r0 * a.padded),
-                padded: a.padded,
                 dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
                 sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
-                groups,
+                rows,
             }
         }
+    }
+
+    /// The pass's first row's codes in the group from chunk `start`; row `r` of the pass
+    /// follows at `r·n·64` bytes for a group of `n` chunks, a constant offset from one pointer.
+    ///
+    /// # Safety
+    /// The group lies within the rows.
+    #[inline(always)]
+    unsafe fn codes(&self, start: usize) -> *const i8 {
+        // SAFETY: within the pass's block by the caller's contract.
+        unsafe { self.xq.add(start * CHUNK * self.rows) }
+    }
+
+    /// The pass's first row's 16 lanes of `dx` and of `sx` in lane group `g`; row `r` follows
+    /// at `16·r` values.
+    ///
+    /// # Safety
+    /// `g` is a lane group of the rows.
+    #[inline(always)]
+    unsafe fn lanes(&self, g: usize) -> (*const f32, *const f32) {
+        // SAFETY: within the pass's block by the caller's contract.
+        unsafe { (self.dx.add(g * self.rows * 16), self.sx.add(g * self.rows * 16)) }
     }
 }
 
 /// Activation rows quantized per 32 values: `xq` (i8, in lane order), `dx` and `sx = dx·Σxq`
 /// per 32 values, `sx16` the same sums per 16 values (for Q6_K's offsets); and per lane group
 /// of each row, 16 lanes of `dx` (each lane's block's) and of `dx·Σxq` over each lane's values.
+///
+/// `xq` and the lanes are stored by the kernels' [`passes`], and group-major within a pass:
+/// the pass of `p` rows from row `r0` starts at byte `r0·padded` of `xq`; in it, the lane group
+/// of `n` chunks from chunk `start` holds the pass's rows' `n·64` codes in turn from byte
+/// `start·64·p` (row `r0 + r` at `r·n·64` past it); the pass's lanes start at `r0·groups·16`,
+/// group `g`'s at `g·p·16` past that, 16 a row. A pass thus finds all its rows at constant
+/// offsets from one pointer a group (with one pointer per row per array, 4–6 rows spilled
+/// the AVX2 kernel's registers), and its block is contiguous (rows of other passes in between
+/// doubled the traffic from L2 where a large activation set needs two passes).
 #[derive(Debug, Default)]
 pub struct QActs {
     rows: usize,
@@ -607,7 +657,8 @@ impl QActs {
     /// Quantizes `m` rows of `x` (each `k` long) for products with matrices of `k` columns.
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
         let padded = k.div_ceil(CHUNK) * CHUNK;
-        let nb = padded / 32;
+        let (nb, chunks) = (padded / 32, padded / CHUNK);
+        let groups_per_row = group_count(chunks);
         self.rows = m;
         self.padded = padded;
         self.xq.clear();
@@ -615,11 +666,9 @@ impl QActs {
         self.dx.resize(m * nb, 0.0);
         self.sx.resize(m * nb, 0.0);
         self.sx16.resize(m * 2 * nb, 0.0);
-        self.lane_dx.resize(m * 16 * group_count(padded / CHUNK), 0.0);
-        self.lane_sx.resize(m * 16 * group_count(padded / CHUNK), 0.0);
+        self.lane_dx.resize(m * 16 * groups_per_row, 0.0);
+        self.lane_sx.resize(m * 16 * groups_per_row, 0.0);
         self.natural.resize(padded, 0);
-        let chunks = padded / CHUNK;
-        let mut lanes = self.lane_dx.chunks_exact_mut(16).zip(self.lane_sx.chunks_exact_mut(16));
         for (r, row) in x.chunks_exact(k).take(m).enumerate() {
             let dx = &mut self.dx[r * nb..][..nb];
             quantize_row(
@@ -629,17 +678,28 @@ impl QActs {
                 &mut self.sx[r * nb..][..nb],
                 &mut self.sx16[r * 2 * nb..][..2 * nb],
             );
-            let xq = &mut self.xq[r * padded..][..padded];
-            for ((start, n), (lane_dx, lane_sx)) in groups(chunks).zip(&mut lanes) {
+            let (r0, p) = pass_of(m, r);
+            for (g, (start, n)) in groups(chunks).enumerate() {
                 let at = start * CHUNK..(start + n) * CHUNK;
+                let lane = (r0 * groups_per_row + g * p + r - r0) * 16;
+                let (lane_dx, lane_sx) = (&mut self.lane_dx[lane..][..16], &mut self.lane_sx[lane..][..16]);
                 // Lane l of the group covers values 4n·l.. of it, in block (start·64 + 4n·l) / 32.
                 for (l, values) in self.natural[at.clone()].chunks_exact(4 * n).enumerate() {
                     lane_dx[l] = dx[(start * CHUNK + 4 * n * l) / 32];
                     lane_sx[l] = lane_dx[l] * values.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
                 }
-                scatter(&self.natural[at.clone()], &mut xq[at], n);
+                let to = &mut self.xq[r0 * padded + start * CHUNK * p + (r - r0) * n * CHUNK..][..n * CHUNK];
+                scatter(&self.natural[at], to, n);
             }
         }
+    }
+
+    /// Where value `i` of row `r` is stored in `xq` (see the layout above).
+    fn at(&self, r: usize, i: usize) -> usize {
+        let chunks = self.padded / CHUNK;
+        let (start, n) = group_of(chunks, i / CHUNK);
+        let (r0, p) = pass_of(self.rows, r);
+        r0 * self.padded + start * CHUNK * p + (r - r0) * n * CHUNK + locate(chunks, i) - start * CHUNK
     }
 }
 
