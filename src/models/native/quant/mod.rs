@@ -84,6 +84,13 @@ fn pass_of(rows: usize, r: usize) -> (usize, usize) {
     passes(rows).find(|&(r0, n)| r < r0 + n).unwrap_or((r, 1))
 }
 
+/// Where row `r`'s codes of the lane group of `n` chunks from chunk `start` begin in
+/// [`QActs`]'s `xq`, for rows of `padded` values and `r` in `pass` (first row, rows).
+fn codes_at(padded: usize, pass: (usize, usize), r: usize, start: usize, n: usize) -> usize {
+    let (r0, p) = pass;
+    r0 * padded + start * CHUNK * p + (r - r0) * n * CHUNK
+}
+
 /// The group (first chunk, chunks) that holds chunk `c` of a row of `chunks` chunks.
 fn group_of(chunks: usize, c: usize) -> (usize, usize) {
     let full = chunks / GROUP * GROUP;
@@ -688,7 +695,7 @@ impl QActs {
                     lane_dx[l] = dx[(start * CHUNK + 4 * n * l) / 32];
                     lane_sx[l] = lane_dx[l] * values.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
                 }
-                let to = &mut self.xq[r0 * padded + start * CHUNK * p + (r - r0) * n * CHUNK..][..n * CHUNK];
+                let to = &mut self.xq[codes_at(padded, (r0, p), r, start, n)..][..n * CHUNK];
                 scatter(&self.natural[at], to, n);
             }
         }
@@ -698,8 +705,7 @@ impl QActs {
     fn at(&self, r: usize, i: usize) -> usize {
         let chunks = self.padded / CHUNK;
         let (start, n) = group_of(chunks, i / CHUNK);
-        let (r0, p) = pass_of(self.rows, r);
-        r0 * self.padded + start * CHUNK * p + (r - r0) * n * CHUNK + locate(chunks, i) - start * CHUNK
+        codes_at(self.padded, pass_of(self.rows, r), r, start, n) + locate(chunks, i) - start * CHUNK
     }
 }
 
