@@ -472,3 +472,19 @@ fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
     assert!(lazy.costs().target_secs(1).is_some());
     Ok(())
 }
+
+#[test]
+fn the_first_adaptive_step_drafts_one_token_a_sequence_to_time_the_draft() -> Result<()> {
+    // A draft equal to its target: every drafted token is accepted, so a step of k drafts
+    // emits k + 1 tokens.
+    let (target, draft) = MarkovModel::pair(16, 0.0, 9);
+    let mut batch = BatchDecoder::new(BatchPolicy::default())?;
+    for prompt in [vec![1, 2], vec![3]] {
+        batch.add(draft.clone(), target.clone(), Request::new(prompt).max_new_tokens(20))?;
+    }
+    assert!(!batch.costs().has_any_draft());
+    let first = batch.step()?;
+    assert!(first.iter().all(|(_, new)| new.len() == 2), "one drafted token and the bonus: {first:?}");
+    assert!(batch.costs().has_any_draft(), "the draft call was timed");
+    Ok(())
+}

@@ -1,12 +1,25 @@
 //! The acceptance estimate both k policies keep: the single decoder's [`KController`] and the
-//! batch's policy, per sequence and pooled.
+//! batch's policy, per sequence and pooled. One prior and one fading rule serve both, so that
+//! they read the same rounds the same way.
 //!
 //! [`KController`]: super::KController
+
+/// Where an estimate without evidence starts, worth [`PRIOR_WEIGHT`] judged positions:
+/// optimistic enough that a fresh policy drafts, and so measures, before it settles; light
+/// enough that three rounds rejected at their first position bring it below one half.
+pub(crate) const PRIOR_ALPHA: f64 = 0.8;
+const PRIOR_WEIGHT: f64 = 4.0;
+/// The share of the counts a drafting round keeps (a window of about 25 rounds), so that the
+/// estimate follows the text as it changes;
+const KEEP: f64 = 0.96;
+/// and the share a round without drafts keeps: the evidence fades slowly while decoding
+/// plainly, so that the latest probes weigh most.
+const KEEP_PLAIN: f64 = 0.995;
 
 /// An estimate of the chance that a drafted position is accepted, as
 /// [`Stats::position_acceptance`](crate::Stats::position_acceptance) counts it: faded counts of
 /// accepted and judged positions (a round judges its positions up to the first rejection),
-/// starting from a prior worth some positions. Each policy sets how fast the counts fade.
+/// starting from a prior worth some positions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Acceptance {
     accepted: f64,
@@ -14,9 +27,15 @@ pub(crate) struct Acceptance {
 }
 
 impl Acceptance {
-    /// An estimate that starts at `alpha`, worth `weight` judged positions.
-    pub fn prior(alpha: f64, weight: f64) -> Self {
-        Self { accepted: alpha * weight, judged: weight }
+    /// An estimate that starts at [`PRIOR_ALPHA`].
+    pub fn new() -> Self {
+        Self::starting_at(PRIOR_ALPHA)
+    }
+
+    /// An estimate that starts at `alpha`, with the prior's weight: where a batch's new
+    /// sequence starts from the batch's pooled estimate.
+    pub fn starting_at(alpha: f64) -> Self {
+        Self { accepted: alpha * PRIOR_WEIGHT, judged: PRIOR_WEIGHT }
     }
 
     /// The estimate.
@@ -24,16 +43,22 @@ impl Acceptance {
         self.accepted / self.judged
     }
 
-    /// Keeps `keep` of the counts so far, then counts a round that drafted `k` tokens and kept
-    /// `accepted` of them (k = 0: a plain round, which only fades the counts).
-    pub fn observe(&mut self, k: usize, accepted: usize, keep: f64) {
+    /// Counts a round that drafted `k` tokens and kept `accepted` of them (k = 0: a plain
+    /// round, which only fades the counts).
+    pub fn observe(&mut self, k: usize, accepted: usize) {
+        self.observe_keeping(k, accepted, if k > 0 { KEEP } else { KEEP_PLAIN });
+    }
+
+    /// Keeps `keep` of the counts so far, then counts the round.
+    fn observe_keeping(&mut self, k: usize, accepted: usize, keep: f64) {
         let accepted = accepted.min(k);
         self.accepted = keep * self.accepted + accepted as f64;
         self.judged = keep * self.judged + (accepted + 1).min(k) as f64;
     }
 
     /// Moves the estimate `rate` of the way toward `alpha`, keeping its weight: so that an
-    /// estimate a few unlucky rounds pulled down is tried again in time rather than never.
+    /// estimate a few unlucky rounds pulled down is tried again in time rather than never (the
+    /// batch's policy, which does not probe, does this after a step without drafts).
     pub fn relax(&mut self, alpha: f64, rate: f64) {
         self.accepted += rate * (alpha * self.judged - self.accepted);
     }
@@ -45,14 +70,26 @@ mod tests {
 
     #[test]
     fn counts_positions_up_to_the_first_rejection() {
-        let mut a = Acceptance::prior(0.5, 2.0);
-        a.observe(4, 4, 1.0); // 4 judged, 4 accepted
-        a.observe(4, 1, 1.0); // 2 judged, 1 accepted
-        a.observe(0, 0, 1.0); // a plain round judges nothing
+        let mut a = Acceptance { accepted: 1.0, judged: 2.0 };
+        a.observe_keeping(4, 4, 1.0); // 4 judged, 4 accepted
+        a.observe_keeping(4, 1, 1.0); // 2 judged, 1 accepted
+        a.observe_keeping(0, 0, 1.0); // a plain round judges nothing
         assert!((a.alpha() - 6.0 / 8.0).abs() < 1e-12);
-        a.observe(0, 0, 0.5); // and fades the counts, not the estimate
+        a.observe_keeping(0, 0, 0.5); // and fades the counts, not the estimate
         assert!((a.alpha() - 6.0 / 8.0).abs() < 1e-12);
         a.relax(0.0, 0.5);
         assert!((a.alpha() - 3.0 / 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_prior_drafts_at_first_and_three_first_position_rejections_bring_it_below_half() {
+        let mut a = Acceptance::new();
+        assert_eq!(a.alpha(), PRIOR_ALPHA);
+        for _ in 0..3 {
+            a.observe(6, 0);
+        }
+        assert!(a.alpha() < 0.5, "{}", a.alpha());
+        a.observe(0, 0);
+        assert!(a.alpha() < 0.5, "a plain round does not move it");
     }
 }

@@ -190,6 +190,11 @@ impl CostModel {
         self.draft.get(rows).is_some_and(Option::is_some)
     }
 
+    /// True once any draft call was measured.
+    pub fn has_any_draft(&self) -> bool {
+        self.draft.iter().any(Option::is_some)
+    }
+
     /// T(m): the seconds of a target pass of `rows` rows (`None` before any measurement).
     pub fn target_secs(&self, rows: usize) -> Option<f64> {
         let shape = |m: usize| self.target[m].map(|(secs, _)| secs);

@@ -13,7 +13,7 @@ mod policy;
 mod speedup;
 mod tree;
 
-pub(crate) use acceptance::Acceptance;
+pub(crate) use acceptance::{Acceptance, PRIOR_ALPHA};
 pub use costs::{Candidate, CostModel};
 pub use policy::{KPolicy, DEFAULT_MAX_K};
 pub use speedup::{best_k, expected_speedup};
@@ -43,17 +43,6 @@ pub struct RoundReport {
     pub target_secs: f64,
 }
 
-/// Prior acceptance, worth `PRIOR_TRIALS` observed positions: optimistic enough that a new
-/// controller drafts, and so measures, before it settles.
-const PRIOR_ALPHA: f64 = 0.7;
-const PRIOR_TRIALS: f64 = 2.0;
-/// Each drafting round discounts the acceptance evidence by this factor (a window of about 30
-/// rounds), so α follows the text as it changes;
-const ALPHA_DECAY: f64 = 0.97;
-/// each plain round by this one, so that while decoding plainly the estimate rests on the last
-/// few probes (one drafted position each): old enough to be steady, recent enough that a draft
-/// turning good is noticed within a few probes.
-const PLAIN_DECAY: f64 = 0.995;
 /// How far an estimate moves back toward where it started in a step without drafting
 /// (half-way in about 70 steps): the batch's acceptance estimates and the cost model's
 /// correction of drafting steps.
@@ -164,7 +153,7 @@ impl KController {
         self.k
     }
 
-    /// The estimated per-position acceptance α (the prior 0.7 before any drafting; only the
+    /// The estimated per-position acceptance α (the prior 0.8 before any drafting; only the
     /// adaptive policy keeps it up to date).
     pub fn alpha(&self) -> f64 {
         self.estimates.alpha()
@@ -260,11 +249,7 @@ struct Estimates {
 
 impl Estimates {
     fn new(max_k: usize) -> Self {
-        Self {
-            acceptance: Acceptance::prior(PRIOR_ALPHA, PRIOR_TRIALS),
-            costs: CostModel::default(),
-            max_rows: max_k + 1,
-        }
+        Self { acceptance: Acceptance::new(), costs: CostModel::default(), max_rows: max_k + 1 }
     }
 
     fn alpha(&self) -> f64 {
@@ -321,8 +306,7 @@ impl Estimates {
     /// Counts the round's acceptance and times (the cost model ignores impossible times; a
     /// round of more rows than the controller chooses, such as a tree's, is left out).
     fn observe(&mut self, r: &RoundReport) {
-        let decay = if r.drafted > 0 { ALPHA_DECAY } else { PLAIN_DECAY };
-        self.acceptance.observe(r.drafted, r.accepted, decay);
+        self.acceptance.observe(r.drafted, r.accepted);
         if r.draft_calls > 0 {
             self.costs.observe_draft(1, r.draft_secs / r.draft_calls as f64);
         }

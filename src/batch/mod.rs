@@ -19,7 +19,7 @@ use fault::Injected;
 pub use policy::BatchPolicy;
 use sequence::Member;
 
-use crate::adaptive::{Acceptance, Candidate, CostModel, RELAX};
+use crate::adaptive::{Acceptance, Candidate, CostModel, PRIOR_ALPHA, RELAX};
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
@@ -141,17 +141,6 @@ pub struct BatchDecoder<D, T> {
     fault: Injected,
 }
 
-/// How much of the last rounds' acceptance counts stays each round (older rounds fade).
-const KEEP: f64 = 0.95;
-/// Positions' worth of the prior an acceptance estimate starts from (it fades like the
-/// counts).
-const PRIOR_WEIGHT: f64 = 8.0;
-
-/// Where the pooled acceptance estimate starts: optimistic, so that the adaptive policy drafts
-/// at first and learns what drafting is worth (it backs off within a few steps if little is
-/// accepted).
-const FIRST_ALPHA: f64 = 0.95;
-
 impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// An empty batch.
     ///
@@ -176,7 +165,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             costs,
             next_id: 0,
             ready: true,
-            pool: Acceptance::prior(FIRST_ALPHA, PRIOR_WEIGHT),
+            pool: Acceptance::new(),
             clock: Clock::wall(),
             fault: Injected::new(None),
         })
@@ -249,7 +238,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// One step for every active sequence. Returns each sequence's new tokens (finished
     /// sequences move to [`take_finished`](Self::take_finished)). Under the adaptive policy the
     /// first step calibrates first, unless [`calibrate`](Self::calibrate) or
-    /// [`with_costs`](Self::with_costs) already gave it T(m).
+    /// [`with_costs`](Self::with_costs) already gave it T(m), and until a draft call has been
+    /// timed each sequence drafts one token (as the single decoder's first round does).
     ///
     /// # Errors
     /// [`Error::NotReady`] after a failed roll-back; model failures (see the type's docs).
@@ -371,12 +361,16 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             let (k, accepted, keep) = judged?;
             self.seqs[self.fault.roll_back_slot(i, n)].seq.roll_back_to(keep)?;
             if k > 0 {
-                self.pool.observe(k, accepted, KEEP);
+                self.pool.observe(k, accepted);
                 drafted = true;
             }
         }
         if !drafted {
-            self.pool.relax(FIRST_ALPHA, RELAX);
+            // The batch does not probe as the single decoder does; instead, while no sequence
+            // drafts, the pooled estimate drifts back toward the prior, so that drafting is
+            // tried again in time (and each sequence's estimate follows it, see `judge`).
+            self.pool.observe(0, 0);
+            self.pool.relax(PRIOR_ALPHA, RELAX);
         }
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }
@@ -400,7 +394,13 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                     let limit = limit.min(max_k).min(cap);
                     candidates.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.seq.remaining() });
                 }
-                self.costs.choose(&candidates)
+                match self.costs.has_any_draft() {
+                    true => self.costs.choose(&candidates),
+                    // Until a draft call has been timed, one token a sequence measures it (the
+                    // single decoder's rule): a block would risk several calls of a draft that
+                    // may cost more than the target.
+                    false => candidates.iter().map(|c| c.limit.min(1)).collect(),
+                }
             }
         };
         // Sequences with a k of their own keep it.

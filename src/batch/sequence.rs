@@ -3,7 +3,6 @@
 //! and its own k if the request fixed one.
 
 use super::{Finished, Request, SeqId};
-use super::{KEEP, PRIOR_WEIGHT};
 use crate::adaptive::{Acceptance, RELAX};
 use crate::decoder::Sequence;
 use crate::error::Result;
@@ -31,7 +30,7 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
         seq.check()?;
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
         seq.start(&r.prompt, false)?;
-        Ok(Self { id, seq, acceptance: Acceptance::prior(prior, PRIOR_WEIGHT), drafting: true, fixed_k: r.k })
+        Ok(Self { id, seq, acceptance: Acceptance::starting_at(prior), drafting: true, fixed_k: r.k })
     }
 
     /// The estimated chance that a drafted position is accepted.
@@ -60,8 +59,9 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
         let (k, n) = (self.seq.block.tokens().len(), self.seq.ctx().len());
         let verdict = self.seq.judge(logits, secs)?;
         if k > 0 {
-            self.acceptance.observe(k, verdict.accepted, KEEP);
+            self.acceptance.observe(k, verdict.accepted);
         } else {
+            self.acceptance.observe(0, 0);
             self.acceptance.relax(prior, RELAX);
         }
         self.seq.keep(&verdict.tokens);
