@@ -4,6 +4,8 @@
 //!
 //! [`KController`]: super::KController
 
+use super::RELAX;
+
 /// Where an estimate without evidence starts, worth [`PRIOR_WEIGHT`] judged positions:
 /// optimistic enough that a fresh policy drafts, and so measures, before it settles; light
 /// enough that three rounds rejected at their first position bring it below one half.
@@ -56,10 +58,17 @@ impl Acceptance {
         self.judged = keep * self.judged + (accepted + 1).min(k) as f64;
     }
 
-    /// Moves the estimate `rate` of the way toward `alpha`, keeping its weight: so that an
-    /// estimate a few unlucky rounds pulled down is tried again in time rather than never (the
-    /// batch's policy, which does not probe, does this after a step without drafts).
-    pub fn relax(&mut self, alpha: f64, rate: f64) {
+    /// Counts a batch step without drafts. The batch's policy does not probe as the single
+    /// decoder does; instead the counts fade as in any plain round and the estimate moves
+    /// [`RELAX`] of the way toward `toward`, so that one a few unlucky rounds pulled down is
+    /// tried again in time rather than never.
+    pub fn idle(&mut self, toward: f64) {
+        self.observe(0, 0);
+        self.relax(toward, RELAX);
+    }
+
+    /// Moves the estimate `rate` of the way toward `alpha`, keeping its weight.
+    fn relax(&mut self, alpha: f64, rate: f64) {
         self.accepted += rate * (alpha * self.judged - self.accepted);
     }
 }

@@ -19,7 +19,7 @@ use fault::Injected;
 pub use policy::BatchPolicy;
 use sequence::Member;
 
-use crate::adaptive::{Acceptance, Candidate, CostModel, PRIOR_ALPHA, RELAX};
+use crate::adaptive::{Acceptance, Candidate, CostModel, PRIOR_ALPHA};
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
@@ -366,11 +366,9 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             }
         }
         if !drafted {
-            // The batch does not probe as the single decoder does; instead, while no sequence
-            // drafts, the pooled estimate drifts back toward the prior, so that drafting is
-            // tried again in time (and each sequence's estimate follows it, see `judge`).
-            self.pool.observe(0, 0);
-            self.pool.relax(PRIOR_ALPHA, RELAX);
+            // While no sequence drafts, the pooled estimate drifts back toward the prior (and
+            // each sequence's estimate toward the pool's, see `judge`).
+            self.pool.idle(PRIOR_ALPHA);
         }
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }

@@ -3,7 +3,7 @@
 //! and its own k if the request fixed one.
 
 use super::{Finished, Request, SeqId};
-use crate::adaptive::{Acceptance, RELAX};
+use crate::adaptive::Acceptance;
 use crate::decoder::Sequence;
 use crate::error::Result;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel};
@@ -61,8 +61,7 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
         if k > 0 {
             self.acceptance.observe(k, verdict.accepted);
         } else {
-            self.acceptance.observe(0, 0);
-            self.acceptance.relax(prior, RELAX);
+            self.acceptance.idle(prior);
         }
         self.seq.keep(&verdict.tokens);
         Ok((k, verdict.accepted, n + verdict.accepted))
