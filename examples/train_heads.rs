@@ -17,7 +17,8 @@ use candle_core::{Device, Tensor};
 use clap::Parser;
 use serde_json::json;
 use specdec::heads::train::{self, HeadKind, Sample, TrainOptions, Trainable, Vocab};
-use specdec::heads::{EagleVersion, HeadMatrix, TargetParts};
+use specdec::heads::{EagleVersion, TargetParts};
+use specdec::models::Linear;
 use specdec::models::Tap;
 use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat};
 
@@ -271,7 +272,7 @@ fn train_head(
     if let Some(e) = head.eagle(&cut)? {
         train::fit(&head, train.len(), o, |i, rng| train::eagle_loss(&e, &train[i], &labels[i], o, rng), &mut report)?;
     } else if let Some(m) = head.medusa(&cut)? {
-        let teacher = HeadMatrix::Dense(cut.output.clone());
+        let teacher = Linear::from_f32(&cut.output, None)?;
         train::fit(
             &head,
             train.len(),

@@ -8,9 +8,9 @@ use candle_core::{Device, Tensor, D};
 
 use super::config::HeadFiles;
 use super::layer::{rms_norm, DecoderLayer, LayerCache};
-use super::target::{cut_rows, draft_vocab, widen, HeadMatrix, Proj, TargetParts};
+use super::target::{cut_rows, draft_vocab, head_matrix, widen, Proj, TargetParts};
 use crate::error::{Error, Result};
-use crate::models::Tap;
+use crate::models::{Linear, Tap};
 
 /// Which EAGLE generation a head is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub struct EagleHead {
     /// EAGLE-3: the norms of the token embedding and of the fed state, and the final norm.
     norms: Option<[Tensor; 3]>,
     embed: Tensor,
-    output: HeadMatrix,
+    output: Linear,
     /// EAGLE-3: the target token of each draft-vocabulary entry.
     d2t: Option<Vec<u32>>,
     vocab: usize,
@@ -133,7 +133,7 @@ impl EagleHead {
             }
             _ => target.embed.clone(),
         };
-        let output = if quantize { HeadMatrix::quantize(&head_w)? } else { HeadMatrix::Dense(head_w) };
+        let output = head_matrix(&head_w, quantize)?;
         Ok(Self {
             version,
             fc: Proj::new(fc_w, fc_b, quantize)?,

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use super::config::HeadFiles;
-use super::target::{cut_rows, draft_vocab, widen, HeadMatrix, Proj, TargetParts};
+use super::target::{cut_rows, draft_vocab, head_matrix, widen, Proj, TargetParts};
 use crate::error::{Error, Result};
 use crate::model::grow;
 use crate::model::{DraftModel, Proposal, TokenModel};
-use crate::models::Features;
+use crate::models::{Features, Linear};
 use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
@@ -21,7 +21,7 @@ use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 #[derive(Debug, Clone)]
 struct Head {
     blocks: Vec<Proj>,
-    output: HeadMatrix,
+    output: Linear,
 }
 
 /// Medusa heads with the target's output head.
@@ -51,14 +51,7 @@ impl MedusaHead {
             return Err(Error::setting("medusa_num_heads", count, "at least one head"));
         }
         let d2t = files.tensors.remove("d2t").map(|d| draft_vocab(&d, None, vocab)).transpose()?;
-        let hold = |w: &Tensor| -> Result<HeadMatrix> {
-            let w = cut_rows(w, d2t.as_deref())?;
-            if quantize {
-                HeadMatrix::quantize(&w)
-            } else {
-                Ok(HeadMatrix::Dense(w))
-            }
-        };
+        let hold = |w: &Tensor| -> Result<Linear> { head_matrix(&cut_rows(w, d2t.as_deref())?, quantize) };
         let shared = hold(&target.output)?;
         let heads = (0..count)
             .map(|i| {

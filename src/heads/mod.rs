@@ -21,4 +21,4 @@ pub use draft::HeadDraft;
 pub use eagle::{EagleHead, EagleVersion, HeadInput};
 pub use eagle_draft::EagleDraft;
 pub use medusa::{MedusaDraft, MedusaHead};
-pub use target::{HeadMatrix, TargetParts};
+pub use target::TargetParts;

@@ -1,50 +1,13 @@
 //! What a head borrows from its target: the token embedding and the output head.
 
-use std::sync::Arc;
-
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::loading::{GgufFile, ModelFiles, SafetensorsDir};
 use crate::models::tensors::TensorSource;
+use crate::models::Linear;
 use crate::models::LlamaConfig;
-
-/// A weight matrix of a draft head, `(out, in)`: dense (differentiable, for training) or
-/// quantized (for drafting: a Q8_0 copy streams a quarter of the f32 bytes per token).
-#[derive(Debug, Clone)]
-pub enum HeadMatrix {
-    /// `(vocab, hidden)` f32 weights.
-    Dense(Tensor),
-    /// Quantized weights.
-    Quantized(Arc<QMatMul>),
-}
-
-impl HeadMatrix {
-    /// A Q8_0 copy of dense weights; weights whose rows are not whole 32-value blocks stay
-    /// dense.
-    ///
-    /// # Errors
-    /// Backend failures.
-    pub fn quantize(weights: &Tensor) -> Result<Self> {
-        if !weights.dims().last().is_some_and(|c| c.is_multiple_of(GgmlDType::Q8_0.block_size())) {
-            return Ok(Self::Dense(weights.clone()));
-        }
-        let q = QTensor::quantize(weights, GgmlDType::Q8_0)?;
-        Ok(Self::Quantized(Arc::new(QMatMul::from_qtensor(q)?)))
-    }
-
-    /// `x Wᵀ`: `(…, out)` of `(…, in)`.
-    ///
-    /// # Errors
-    /// Shape mismatches.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Self::Dense(w) => x.broadcast_matmul(&w.t()?)?,
-            Self::Quantized(q) => q.forward(x)?,
-        })
-    }
-}
 
 /// The target's token embedding `(vocab, hidden)` and output head, as a head uses them.
 #[derive(Debug, Clone)]
@@ -145,7 +108,7 @@ pub(crate) fn widen(rows: Vec<Vec<f32>>, draft_vocab: Option<&[u32]>, vocab: usi
 /// A linear map `x Wᵀ + b` of a head.
 #[derive(Debug, Clone)]
 pub struct Proj {
-    weight: HeadMatrix,
+    weight: Linear,
     bias: Option<Tensor>,
 }
 
@@ -155,8 +118,7 @@ impl Proj {
     /// # Errors
     /// Quantization failures.
     pub fn new(weight: Tensor, bias: Option<Tensor>, quantize: bool) -> Result<Self> {
-        let weight = if quantize { HeadMatrix::quantize(&weight)? } else { HeadMatrix::Dense(weight) };
-        Ok(Self { weight, bias })
+        Ok(Self { weight: head_matrix(&weight, quantize)?, bias })
     }
 
     /// `x Wᵀ + b`.
@@ -170,4 +132,13 @@ impl Proj {
             None => y,
         })
     }
+}
+
+/// A head's matrix `(out, in)`: dense (differentiable, for training) or, with `quantize`, Q8_0
+/// (for drafting) where its rows are whole 32-value blocks.
+///
+/// # Errors
+/// Quantization failures.
+pub(crate) fn head_matrix(w: &Tensor, quantize: bool) -> Result<Linear> {
+    Linear::from_f32(w, quantize.then_some(GgmlDType::Q8_0))
 }

@@ -1,5 +1,6 @@
-//! The candle engine's linear layers: f32 or quantized weights, and the choice between them at
-//! load.
+//! The one maybe-quantized matrix on candle tensors: the candle engine's linear layers and the
+//! draft heads' (which train through it with candle's autograd) are both a [`Linear`]. The
+//! native CPU engine holds its weights in its own blocked layouts (`native::Matrix`).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -10,7 +11,9 @@ use crate::models::format::WeightFormat;
 /// `y = x · Wᵀ` for activations `x` of shape (rows, in) and a weight W of shape (out, in).
 #[derive(Debug, Clone)]
 pub enum Linear {
-    /// f32 weight kept transposed, (in, out), which candle multiplies fastest.
+    /// f32 weight kept transposed, (in, out): a contiguous copy at load (which candle
+    /// multiplies fastest), or a transposed view of a head's (out, in) weight, so that
+    /// gradients reach it.
     Dense(Tensor),
     /// A quantized weight, multiplied by candle's quantized kernels.
     Quant(QMatMul),
@@ -37,13 +40,29 @@ impl Linear {
         }
     }
 
-    /// Applies the layer to `x` of shape (rows, in).
+    /// A layer from f32 weights `w` of shape (out, in), held as given (a transposed view) or,
+    /// with `quantize`, as that block type where its block divides the row length (a Q8_0
+    /// copy of a draft head streams a quarter of the f32 bytes per token).
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn from_f32(w: &Tensor, quantize: Option<GgmlDType>) -> Result<Self> {
+        let row = w.dims().last().copied().unwrap_or(0);
+        Ok(match quantize {
+            Some(t) if row > 0 && row % t.block_size() == 0 => {
+                Self::Quant(QMatMul::from_qtensor(QTensor::quantize(w, t)?)?)
+            }
+            _ => Self::Dense(w.t()?),
+        })
+    }
+
+    /// Applies the layer to `x` of shape (…, rows, in).
     ///
     /// # Errors
     /// Backend failures and shape mismatches.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
-            Self::Dense(wt) => x.matmul(wt)?,
+            Self::Dense(wt) => x.broadcast_matmul(wt)?,
             Self::Quant(q) => q.forward(x)?,
         })
     }

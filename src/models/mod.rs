@@ -23,4 +23,5 @@ pub use config::{Family, LlamaConfig};
 pub use engine::{Backend, BatchCall, Cache, Engine, Pass, Tap};
 pub use features::Features;
 pub use format::WeightFormat;
+pub use linear::Linear;
 pub use llama::{Llama, LlamaWeights, TappedPass};

@@ -7,7 +7,7 @@ use rand::RngExt;
 use crate::error::Result;
 use crate::heads::eagle::{EagleHead, EagleVersion};
 use crate::heads::medusa::MedusaHead;
-use crate::heads::target::HeadMatrix;
+use crate::models::Linear;
 use crate::sampling::argmax;
 
 use super::{Sample, TrainOptions};
@@ -68,7 +68,7 @@ pub fn eagle_loss(head: &EagleHead, s: &Sample, labels: &[u32], o: &TrainOptions
 /// Backend failures.
 pub fn medusa_loss(
     head: &MedusaHead,
-    teacher: &HeadMatrix,
+    teacher: &Linear,
     s: &Sample,
     labels: &[u32],
     o: &TrainOptions,
