@@ -253,7 +253,7 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
     let r = Request::new(vec![1]).stop_tokens([99]);
     assert!(matches!(batch.add(draft.clone(), target.clone(), r), Err(Error::TokenOutOfRange { .. })));
     assert!(matches!(
-        batch.add(draft.clone(), target.clone(), Request::new(vec![1]).k(40)),
+        batch.add(draft.clone(), target.clone(), Request::new(vec![1]).k(65)),
         Err(Error::InvalidSetting { .. })
     ));
     assert_eq!(batch.active(), 0);

@@ -87,7 +87,7 @@ struct Args {
     #[arg(long, default_value = "2,4")]
     batch_ks: String,
     /// Batch mode: the adaptive policy's largest k.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = specdec::adaptive::DEFAULT_MAX_K)]
     batch_max_k: usize,
     /// Batch mode: tokens per sequence.
     #[arg(long, default_value_t = 96)]

@@ -21,10 +21,12 @@ pub use tree::{ShapeChooser, TreePolicy};
 
 use speedup::MIN_GAIN;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-/// The largest `max` of [`KPolicy::Adaptive`]: it keeps one cost estimate per block length.
-pub const MAX_ADAPTIVE_K: usize = 64;
+/// The largest k of any policy, the single decoder's ([`KPolicy`]) and the batch's
+/// ([`BatchPolicy`](crate::batch::BatchPolicy)): fixed, or the `max` of an adaptive or
+/// grow/shrink one (the adaptive policy keeps one cost estimate per block length).
+pub const MAX_K: usize = 64;
 
 /// What one round did and cost, as the decoder reports it to the [`KController`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -122,17 +124,9 @@ impl KController {
     /// A controller for `policy`.
     ///
     /// # Errors
-    /// [`Error::InvalidSetting`] for `Fixed(0)`, an adaptive `max` outside
-    /// `1..=`[`MAX_ADAPTIVE_K`], or a grow/shrink `start` outside `1..=max`.
+    /// As [`KPolicy::check`].
     pub fn new(policy: KPolicy) -> Result<Self> {
-        let estimates = Estimates::new(match policy {
-            KPolicy::Fixed(0) => return Err(Error::setting("k", 0, "at least 1 drafted token per round")),
-            KPolicy::Adaptive { max } if max == 0 || max > MAX_ADAPTIVE_K => {
-                return Err(Error::setting("k_policy max", max, "between 1 and MAX_ADAPTIVE_K (64)"));
-            }
-            KPolicy::GrowShrink { start, max } if start == 0 || start > max => {
-                return Err(Error::setting("k_policy start", start, "between 1 and max"));
-            }
+        let estimates = Estimates::new(match policy.check()? {
             KPolicy::Adaptive { max } => max,
             KPolicy::Fixed(_) | KPolicy::GrowShrink { .. } => 0,
         });
@@ -319,6 +313,7 @@ impl Estimates {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     fn report(drafted: usize, accepted: usize) -> RoundReport {
         RoundReport {
@@ -335,10 +330,13 @@ mod tests {
     fn settings_are_checked() {
         assert!(matches!(KController::new(KPolicy::Fixed(0)), Err(Error::InvalidSetting { name: "k", .. })));
         assert!(KController::new(KPolicy::Adaptive { max: 0 }).is_err());
-        assert!(KController::new(KPolicy::Adaptive { max: MAX_ADAPTIVE_K + 1 }).is_err());
+        assert!(KController::new(KPolicy::Adaptive { max: MAX_K + 1 }).is_err());
         assert!(KController::new(KPolicy::GrowShrink { start: 0, max: 3 }).is_err());
         assert!(KController::new(KPolicy::GrowShrink { start: 4, max: 3 }).is_err());
-        assert!(KController::new(KPolicy::Adaptive { max: MAX_ADAPTIVE_K }).is_ok());
+        assert!(KController::new(KPolicy::Adaptive { max: MAX_K }).is_ok());
+        assert!(KController::new(KPolicy::Fixed(MAX_K + 1)).is_err());
+        assert!(KController::new(KPolicy::GrowShrink { start: 1, max: MAX_K + 1 }).is_err());
+        assert!(KController::new(KPolicy::Fixed(MAX_K)).is_ok());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! [`KPolicy`], the setting that says how k is chosen, and its text form (`4`, `auto`,
 //! `auto:MAX`, `grow`, `grow:MAX`).
 
+use super::MAX_K;
 use crate::error::{Error, Result};
 
 /// How the decoder chooses k each round.
@@ -13,7 +14,7 @@ pub enum KPolicy {
     /// then depends on timings, sampled outputs are not reproducible from the seed alone;
     /// greedy outputs are.
     Adaptive {
-        /// The largest k to consider (1..=[`MAX_ADAPTIVE_K`](super::MAX_ADAPTIVE_K)).
+        /// The largest k to consider (1..=[`MAX_K`](super::MAX_K)).
         max: usize,
     },
     /// The common schedule: start at `start`, one more after a fully accepted block (up to
@@ -24,6 +25,29 @@ pub enum KPolicy {
         /// The largest k.
         max: usize,
     },
+}
+
+impl KPolicy {
+    /// Checks the setting (the batch's [`BatchPolicy`](crate::batch::BatchPolicy) takes the
+    /// same rules).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for a fixed k or an adaptive `max` outside `1..=`[`MAX_K`],
+    /// or a grow/shrink `start` outside `1..=max` with `max` at most [`MAX_K`].
+    pub fn check(self) -> Result<Self> {
+        match self {
+            KPolicy::Fixed(k) if k == 0 || k > MAX_K => {
+                Err(Error::setting("k", k, "between 1 and MAX_K (64) drafted tokens per round"))
+            }
+            KPolicy::Adaptive { max } | KPolicy::GrowShrink { max, .. } if max == 0 || max > MAX_K => {
+                Err(Error::setting("k_policy max", max, "between 1 and MAX_K (64)"))
+            }
+            KPolicy::GrowShrink { start, max } if start == 0 || start > max => {
+                Err(Error::setting("k_policy start", start, "between 1 and max"))
+            }
+            _ => Ok(self),
+        }
+    }
 }
 
 impl Default for KPolicy {

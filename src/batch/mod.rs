@@ -193,7 +193,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// unchanged).
     pub fn add(&mut self, draft: D, target: T, request: Request) -> Result<SeqId> {
         let id = SeqId(self.next_id);
-        if let Some(k) = request.k {
+        // A k of 0 is the sequence's own plain steps.
+        if let Some(k) = request.k.filter(|&k| k > 0) {
             BatchPolicy::Fixed(k).check()?;
         }
         let seq = Member::start(id, draft, target, request, self.pool.alpha(), self.clock.clone())?;
