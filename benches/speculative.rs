@@ -20,7 +20,7 @@ use specdec::adaptive::CostModel;
 use specdec::batch::{BatchDecoder, BatchPolicy, Request};
 use specdec::kernel::{self, DraftRow};
 use specdec::models::native::matmul::{matmul_parallel, Packed};
-use specdec::toy::MarkovModel;
+use specdec::toy::{MarkovModel, ToyPair};
 use specdec::{
     Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat,
 };
@@ -158,7 +158,7 @@ fn real_models() -> Vec<(&'static str, Arc<LlamaWeights>)> {
 
 /// (c) 128 new tokens, plain against speculative for k = 2..6.
 fn generation(c: &mut Criterion) {
-    let (target, draft) = MarkovModel::pair(512, 0.1, 3);
+    let ToyPair { target, draft } = MarkovModel::pair(512, 0.1, 3);
     let mut g = c.benchmark_group("generate_toy_128");
     g.sample_size(20).measurement_time(Duration::from_secs(3));
     let sampling = SamplingConfig::new(1.0).unwrap_or_default();

@@ -18,7 +18,7 @@ use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
 use specdec::stats::{expected_tokens_per_call, predicted_speedup};
-use specdec::toy::MarkovModel;
+use specdec::toy::{MarkovModel, ToyPair};
 use specdec::{KController, KPolicy, RoundReport, SamplingConfig, SpeculativeDecoder, Stats};
 
 #[derive(Parser)]
@@ -162,7 +162,7 @@ fn fmt_row(xs: impl Iterator<Item = f64>) -> String {
 /// `rounds` speculative rounds at temperature 1 on the seed's 32-token pair; returns the
 /// statistics and the cost-model speedup: tokens / (target calls + c · draft calls).
 fn trial(noise: f32, k: usize, rounds: usize, c: f64) -> Result<(Stats, f64)> {
-    let (target, draft) = MarkovModel::pair(32, noise, 7);
+    let ToyPair { target, draft } = MarkovModel::pair(32, noise, 7);
     let mut dec = SpeculativeDecoder::builder(draft, target)
         .k(k)
         .sampling(SamplingConfig::new(1.0)?)

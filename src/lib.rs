@@ -12,10 +12,10 @@
 //!
 //! ## Quick start (toy models)
 //! ```
-//! use specdec::{toy::MarkovModel, SamplingConfig, SpeculativeDecoder};
+//! use specdec::{toy::{MarkovModel, ToyPair}, SamplingConfig, SpeculativeDecoder};
 //!
 //! // A target and a noisy copy of it as the draft, over 32 tokens.
-//! let (target, draft) = MarkovModel::pair(32, 0.1, 42);
+//! let ToyPair { target, draft } = MarkovModel::pair(32, 0.1, 42);
 //! let sampling = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(7);
 //! let mut decoder = SpeculativeDecoder::builder(draft, target)
 //!     .k(4)

@@ -12,8 +12,8 @@ use crate::stop::StopRule;
 ///
 /// # Example
 /// ```
-/// use specdec::{toy::MarkovModel, PlainDecoder, SamplingConfig};
-/// let (target, _) = MarkovModel::pair(16, 0.2, 7);
+/// use specdec::{toy::{MarkovModel, ToyPair}, PlainDecoder, SamplingConfig};
+/// let ToyPair { target, .. } = MarkovModel::pair(16, 0.2, 7);
 /// let mut plain = PlainDecoder::new(target, SamplingConfig::greedy()).max_new_tokens(10);
 /// assert_eq!(plain.generate(&[1, 2])?.tokens.len(), 10);
 /// # Ok::<(), specdec::Error>(())

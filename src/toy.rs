@@ -18,6 +18,16 @@ pub struct MarkovModel {
     ctx: Vec<u32>,
 }
 
+/// A target and its draft ([`MarkovModel::pair`]), named: both have one type, so a tuple would
+/// let them be passed for each other.
+#[derive(Debug, Clone)]
+pub struct ToyPair {
+    /// The model whose distribution the output follows.
+    pub target: MarkovModel,
+    /// Its noisy copy.
+    pub draft: MarkovModel,
+}
+
 impl MarkovModel {
     /// A model from its table: `vocab^order` rows of `vocab` probabilities, row-major.
     ///
@@ -55,11 +65,11 @@ impl MarkovModel {
         Self { table, ctx: Vec::new(), ..self.clone() }
     }
 
-    /// A (target, draft) pair of first-order models as in the seed's `make_models`.
-    pub fn pair(vocab: usize, noise: f32, seed: u64) -> (Self, Self) {
+    /// A target and its draft, first-order models as in the seed's `make_models`.
+    pub fn pair(vocab: usize, noise: f32, seed: u64) -> ToyPair {
         let target = Self::random(vocab, 1, seed);
         let draft = target.noisy_copy(noise, seed.wrapping_add(1));
-        (target, draft)
+        ToyPair { target, draft }
     }
 
     /// The vocabulary size.

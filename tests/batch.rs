@@ -10,7 +10,7 @@ use common::faulty::{Fault, Faulty};
 use common::models::{model_path, STORIES};
 use common::{assert_fits, assert_nudge_rejected, assert_rejects, cell, exact_window, nudged_past_the_limit, settings};
 use specdec::batch::{BatchDecoder, BatchPolicy, Fault as BatchFault, Request};
-use specdec::toy::MarkovModel;
+use specdec::toy::{MarkovModel, ToyPair};
 use specdec::TokenModel;
 use specdec::{
     BatchTarget, Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig,
@@ -241,7 +241,7 @@ fn the_batch_battery_rejects_a_law_just_past_its_detection_limit() -> Result<()>
 
 #[test]
 fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(8, 0.3, 1);
+    let ToyPair { target, draft } = MarkovModel::pair(8, 0.3, 1);
     assert!(matches!(
         BatchDecoder::<MarkovModel, MarkovModel>::new(BatchPolicy::Fixed(99)),
         Err(Error::InvalidSetting { .. })
@@ -453,7 +453,7 @@ fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> 
 
 #[test]
 fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(16, 0.2, 7);
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
     let mut batch = BatchDecoder::new(BatchPolicy::default())?;
     // Nothing to time without a sequence; a sequence's first step would time it.
     batch.calibrate()?;
@@ -477,7 +477,7 @@ fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
 fn the_first_adaptive_step_drafts_one_token_a_sequence_to_time_the_draft() -> Result<()> {
     // A draft equal to its target: every drafted token is accepted, so a step of k drafts
     // emits k + 1 tokens.
-    let (target, draft) = MarkovModel::pair(16, 0.0, 9);
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 9);
     let mut batch = BatchDecoder::new(BatchPolicy::default())?;
     for prompt in [vec![1, 2], vec![3]] {
         batch.add(draft.clone(), target.clone(), Request::new(prompt).max_new_tokens(20))?;

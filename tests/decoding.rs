@@ -1,7 +1,7 @@
 //! Greedy speculative decoding equals plain greedy decoding token for token; seeded sampling
 //! is reproducible; streaming delivers exactly the output; stop tokens and limits hold.
 
-use specdec::toy::{MarkovModel, PointDraft};
+use specdec::toy::{MarkovModel, PointDraft, ToyPair};
 use specdec::{FinishReason, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
 
 #[test]
@@ -29,7 +29,7 @@ fn greedy_speculative_equals_plain_greedy() -> Result<()> {
 
 #[test]
 fn a_perfect_draft_is_always_accepted() -> Result<()> {
-    let (target, _) = MarkovModel::pair(32, 0.0, 3);
+    let ToyPair { target, .. } = MarkovModel::pair(32, 0.0, 3);
     let mut dec = SpeculativeDecoder::builder(target.clone(), target)
         .k(4)
         .max_new_tokens(100)
@@ -43,7 +43,7 @@ fn a_perfect_draft_is_always_accepted() -> Result<()> {
 
 #[test]
 fn same_seed_same_tokens() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(32, 0.3, 5);
+    let ToyPair { target, draft } = MarkovModel::pair(32, 0.3, 5);
     let cfg = SamplingConfig::new(0.9)?.with_top_p(0.9)?;
     let run = |seed| -> Result<Vec<Vec<u32>>> {
         // A fixed k: the default adaptive k follows timings, and sampled draws follow k.
@@ -65,7 +65,7 @@ fn same_seed_same_tokens() -> Result<()> {
 
 #[test]
 fn a_seed_holds_whether_set_before_or_after_the_sampling_settings() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(32, 0.3, 5);
+    let ToyPair { target, draft } = MarkovModel::pair(32, 0.3, 5);
     let cfg = SamplingConfig::new(0.9)?.with_seed(1);
     let builder = || SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).max_new_tokens(50);
     let after = builder().sampling(cfg.clone()).seed(9).build()?.generate(&[1, 2])?.tokens;
@@ -77,7 +77,7 @@ fn a_seed_holds_whether_set_before_or_after_the_sampling_settings() -> Result<()
 
 #[test]
 fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(16, 0.2, 8);
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 8);
     let greedy = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[3])?;
     let stop = greedy.tokens[10];
     let first = greedy.tokens.iter().position(|&t| t == stop).unwrap_or(10);
@@ -92,7 +92,7 @@ fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
 
 #[test]
 fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(16, 0.0, 8);
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 8);
     for n in [0, 1, 2, 5, 13] {
         let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).max_new_tokens(n).build()?;
         let out = dec.generate(&[1])?;
@@ -104,7 +104,7 @@ fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
 
 #[test]
 fn step_by_step_matches_generate() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(16, 0.3, 2);
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.3, 2);
     let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(3).max_new_tokens(25).build()?;
     dec.start(&[4, 5])?;
     while dec.finish_reason().is_none() {

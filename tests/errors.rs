@@ -3,7 +3,7 @@
 mod common;
 
 use common::faulty::{Fault, Faulty};
-use specdec::toy::MarkovModel;
+use specdec::toy::{MarkovModel, ToyPair};
 use specdec::tree::ChildPicker;
 use specdec::{
     DraftModel, DraftTree, Error, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TokenModel, TreeBudget,
@@ -11,7 +11,8 @@ use specdec::{
 };
 
 fn pair() -> (MarkovModel, MarkovModel) {
-    MarkovModel::pair(8, 0.3, 1)
+    let ToyPair { target, draft } = MarkovModel::pair(8, 0.3, 1);
+    (target, draft)
 }
 
 #[test]

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
-use specdec::toy::{MarkovModel, PointDraft};
+use specdec::toy::{MarkovModel, PointDraft, ToyPair};
 use specdec::{DraftModel, Proposal, Result, SamplingConfig, SpeculativeDecoder, TokenModel};
 
 const P: [f32; 6] = [0.40, 0.25, 0.15, 0.10, 0.07, 0.03];
@@ -351,7 +351,7 @@ fn chi_critical(df: usize) -> f64 {
 /// The joint of the first three tokens also passes on an order-1 pair like the seed's.
 #[test]
 fn sequences_on_the_seed_style_pair_follow_the_target() -> Result<()> {
-    let (target, draft) = MarkovModel::pair(VOCAB, 0.6, 41);
+    let ToyPair { target, draft } = MarkovModel::pair(VOCAB, 0.6, 41);
     check_sequences("seed-style pair", draft, &target, &SamplingConfig::new(1.0)?, 3)
 }
 

@@ -115,8 +115,8 @@ pub const MAX_ROWS: usize = 128;
 /// # Example
 /// ```
 /// use specdec::batch::{BatchDecoder, BatchPolicy, Request};
-/// use specdec::{toy::MarkovModel, SamplingConfig};
-/// let (target, draft) = MarkovModel::pair(16, 0.2, 7);
+/// use specdec::{toy::{MarkovModel, ToyPair}, SamplingConfig};
+/// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
 /// let mut batch = BatchDecoder::new(BatchPolicy::Fixed(3))?;
 /// batch.add(draft.clone(), target.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
 /// let sampled = SamplingConfig::new(0.8)?.with_seed(5);

@@ -132,13 +132,14 @@ pub struct SpeculativeDecoder<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
-    /// Starts a builder with adaptive k (up to 8, down to plain decoding when drafting does not
-    /// pay), greedy sampling, 128 new tokens and no stop token.
+    /// Starts a builder for `draft` and `target` (in that order, as everywhere in the crate)
+    /// with adaptive k (up to 8, down to plain decoding when drafting does not pay), greedy
+    /// sampling, 128 new tokens and no stop token.
     ///
     /// # Example
     /// ```
-    /// use specdec::{toy::MarkovModel, SpeculativeDecoder};
-    /// let (target, draft) = MarkovModel::pair(16, 0.2, 7);
+    /// use specdec::{toy::{MarkovModel, ToyPair}, SpeculativeDecoder};
+    /// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
     /// let mut dec = SpeculativeDecoder::builder(draft, target).k(3).max_new_tokens(20).build()?;
     /// assert_eq!(dec.generate(&[1, 2])?.tokens.len(), 20);
     /// # Ok::<(), specdec::Error>(())
