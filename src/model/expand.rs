@@ -98,21 +98,20 @@ fn expand_best<M: TargetModel + ?Sized>(
         model.forward(head, 0)?;
     }
     let vocab = model.vocab_size();
-    // Each level's call scores the root and the nodes the frontier descends from.
-    let mut score = |all: &DraftTree, frontier: &[usize]| -> Result<Vec<Logits>> {
+    // Each level's call scores the root and the nodes the frontier descends from; `index`
+    // says where each node of the tree sits in the call (after the root).
+    let mut score = |all: &DraftTree, frontier: &[usize]| -> Result<(Logits, Vec<usize>)> {
         let (call, index) = ancestors_of(all, frontier.iter().copied());
         let mut call_tokens = vec![root];
         call_tokens.extend(call.tokens());
         let rows = model.forward_tree(&call_tokens, &call.shape()?)?;
         check_rows(&rows, call_tokens.len(), vocab)?;
-        Ok(vec![rows, Logits::new(index.iter().map(|&i| i as f32).collect(), 1)?])
+        Ok((rows, index))
     };
-    let first = score(&DraftTree::new(), &[])?;
-    let root_row = first[0].row(0).to_vec();
+    let root_row = score(&DraftTree::new(), &[])?.0.row(0).to_vec();
     let (tree, _) = grow(budget, picker, root_row, |all, frontier| {
-        let out = score(all, frontier)?;
-        let (rows, index) = (&out[0], out[1].as_slice());
-        Ok(frontier.iter().map(|&n| rows.row(index[n] as usize + 1).to_vec()).collect())
+        let (rows, index) = score(all, frontier)?;
+        Ok(frontier.iter().map(|&n| rows.row(index[n] + 1).to_vec()).collect())
     })?;
     Ok(tree)
 }
