@@ -231,7 +231,7 @@ impl CostModel {
     /// Records a step's measured tokens per second (catch-up and calibration left out) against
     /// [`predicted`](Self::predicted) for it: how far off the model is, separately for plain and
     /// drafting steps.
-    /// After a plain step, the drafting correction relaxes toward none (by [`RELAX`]), so that a
+    /// After a plain step, the drafting correction relaxes toward none (by `RELAX`), so that a
     /// few unlucky drafting steps do not rule drafting out for good.
     pub fn observe_outcome(&mut self, drafting: bool, predicted: f64, measured: f64) {
         if predicted > 0.0 && measured.is_finite() {
@@ -284,7 +284,7 @@ impl CostModel {
     /// The k of each sequence (at most its limit) with the highest predicted throughput: the
     /// best common k, then, one sequence at a time (the most accepting first, then back from
     /// the least), the best k for it with the others held; the smaller k on ties. Plain steps
-    /// (all zeros) unless that beats them by [`MIN_GAIN`] (by 10 % where drafts must catch up
+    /// (all zeros) unless that beats them by `MIN_GAIN` (by 10 % where drafts must catch up
     /// first), and before T is measured.
     pub fn choose(&self, seqs: &[Candidate]) -> Vec<usize> {
         let max = seqs.iter().map(|s| s.limit).max().unwrap_or(0);

@@ -638,7 +638,7 @@ impl Acts {
 /// per 32 values, `sx16` the same sums per 16 values (for Q6_K's offsets); and per lane group
 /// of each row, 16 lanes of `dx` (each lane's block's) and of `dx·Σxq` over each lane's values.
 ///
-/// `xq` and the lanes are stored by the kernels' [`passes`], and group-major within a pass:
+/// `xq` and the lanes are stored by the kernels' `passes`, and group-major within a pass:
 /// the pass of `p` rows from row `r0` starts at byte `r0·padded` of `xq`; in it, the lane group
 /// of `n` chunks from chunk `start` holds the pass's rows' `n·64` codes in turn from byte
 /// `start·64·p` (row `r0 + r` at `r·n·64` past it); the pass's lanes start at `r0·groups·16`,
