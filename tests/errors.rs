@@ -10,14 +10,13 @@ use specdec::{
     TreePolicy,
 };
 
-fn pair() -> (MarkovModel, MarkovModel) {
-    let ToyPair { target, draft } = MarkovModel::pair(8, 0.3, 1);
-    (target, draft)
+fn pair() -> ToyPair {
+    MarkovModel::pair(8, 0.3, 1)
 }
 
 #[test]
 fn bad_settings_and_pairs_are_typed_errors() {
-    let (target, draft) = pair();
+    let ToyPair { target, draft } = pair();
     let build = |k| SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).build();
     assert!(matches!(build(0), Err(Error::InvalidSetting { name: "k", .. })));
     let other = MarkovModel::random(9, 1, 0);
@@ -36,7 +35,7 @@ fn bad_settings_and_pairs_are_typed_errors() {
 
 #[test]
 fn bad_prompts_are_typed_errors() -> Result<()> {
-    let (target, draft) = pair();
+    let ToyPair { target, draft } = pair();
     let mut dec = SpeculativeDecoder::builder(draft, target.clone()).build()?;
     assert!(matches!(dec.generate(&[]), Err(Error::EmptyPrompt)));
     assert!(matches!(dec.generate(&[1, 99]), Err(Error::TokenOutOfRange { token: 99, .. })));
@@ -53,7 +52,7 @@ fn bad_prompts_are_typed_errors() -> Result<()> {
 /// failed one had not happened (same output as an undisturbed run, for greedy decoding).
 #[test]
 fn model_faults_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
-    let (target, draft) = pair();
+    let ToyPair { target, draft } = pair();
     let clean = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[2, 3])?;
     let trees = [TreePolicy::Never, TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?)];
     for (fault, tree) in [Fault::NanLogits, Fault::InfLogits, Fault::WrongRows, Fault::Fails]
@@ -100,7 +99,7 @@ fn model_faults_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
 
 #[test]
 fn plain_decoding_reports_model_faults() -> Result<()> {
-    let (target, _) = pair();
+    let ToyPair { target, .. } = pair();
     for fault in [Fault::NanLogits, Fault::WrongRows, Fault::Fails] {
         let faulty = Faulty { inner: target.clone(), calls: 0, fail_at: 3, fault };
         let mut plain = PlainDecoder::new(faulty, SamplingConfig::new(1.0)?).max_new_tokens(10);
@@ -112,7 +111,7 @@ fn plain_decoding_reports_model_faults() -> Result<()> {
 
 #[test]
 fn max_new_tokens_zero_is_empty() -> Result<()> {
-    let (target, draft) = pair();
+    let ToyPair { target, draft } = pair();
     let out = SpeculativeDecoder::builder(draft, target.clone()).max_new_tokens(0).build()?.generate(&[1])?;
     assert!(out.tokens.is_empty());
     assert!(PlainDecoder::new(target, SamplingConfig::greedy()).max_new_tokens(0).generate(&[1])?.tokens.is_empty());
@@ -165,7 +164,7 @@ impl DraftModel for BadTrees {
 
 #[test]
 fn bad_draft_trees_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
-    let (target, draft) = pair();
+    let ToyPair { target, draft } = pair();
     let clean = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[2, 3])?;
     let mut dec = SpeculativeDecoder::builder(BadTrees { inner: draft, calls: 0 }, target)
         .tree(TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?))

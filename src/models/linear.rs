@@ -8,7 +8,7 @@ use candle_core::{Device, Module, Tensor};
 use crate::error::Result;
 use crate::models::format::WeightFormat;
 
-/// `y = x · Wᵀ` for activations `x` of shape (rows, in) and a weight W of shape (out, in).
+/// `y = x · Wᵀ` for activations `x` of shape (…, rows, in) and a weight W of shape (out, in).
 #[derive(Debug, Clone)]
 pub enum Linear {
     /// f32 weight kept transposed, (in, out): a contiguous copy at load (which candle
