@@ -146,30 +146,24 @@ multiversion! {
 }
 
 multiversion! {
-    /// `out[r][j] = gelu_tanh(gu[r][j]) * gu[r][ff + j]` for rows of `2·ff` (gate then up):
-    /// GELU in its tanh form, `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`, as Gemma uses.
-    pub fn gelu_tanh_gate(gu: &[f32], ff: usize, out: &mut [f32]) {
+    /// `out[j] = gelu_tanh(g[j]) · u[j]`: GELU in its tanh form,
+    /// `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`, as Gemma uses.
+    pub fn gelu_tanh_gate(g: &[f32], u: &[f32], out: &mut [f32]) {
         const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        for (row, o) in gu.chunks_exact(2 * ff).zip(out.chunks_exact_mut(ff)) {
-            let (g, u) = row.split_at(ff);
-            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
-                // tanh(y) = 1 − 2 / (e^(2y) + 1), which saturates cleanly at both ends.
-                let tanh = 1.0 - 2.0 / (crate::math::exp(2.0 * inner) + 1.0);
-                *o = 0.5 * g * (1.0 + tanh) * u;
-            }
+        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+            let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+            // tanh(y) = 1 − 2 / (e^(2y) + 1), which saturates cleanly at both ends.
+            let tanh = 1.0 - 2.0 / (crate::math::exp(2.0 * inner) + 1.0);
+            *o = 0.5 * g * (1.0 + tanh) * u;
         }
     }
 }
 
 multiversion! {
-    /// `out[r][j] = silu(gu[r][j]) * gu[r][ff + j]` for rows of `2·ff` (gate then up).
-    pub fn silu_gate(gu: &[f32], ff: usize, out: &mut [f32]) {
-        for (row, o) in gu.chunks_exact(2 * ff).zip(out.chunks_exact_mut(ff)) {
-            let (g, u) = row.split_at(ff);
-            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + crate::math::exp(-g)) * u;
-            }
+    /// `out[j] = silu(g[j]) · u[j]`.
+    pub fn silu_gate(g: &[f32], u: &[f32], out: &mut [f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + crate::math::exp(-g)) * u;
         }
     }
 }

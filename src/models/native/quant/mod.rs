@@ -29,6 +29,8 @@ use candle_core::quantized::GgmlDType;
 use half::f16;
 
 use crate::error::{Error, Result};
+use crate::models::native::out_ptr::OutPtr;
+use crate::models::native::pool::team;
 use decode::{decode_row, RowScales};
 
 #[cfg(target_arch = "x86_64")]
@@ -62,6 +64,10 @@ fn groups(chunks: usize) -> impl Iterator<Item = (usize, usize)> {
 fn group_count(chunks: usize) -> usize {
     chunks / GROUP + [0, 1, 1, 2][chunks % GROUP]
 }
+
+/// Blocks of activations per item of [`QActs::quantize`]'s job (a one-token pass quantizes
+/// rows of 1,536 values, 48 blocks, on the calling thread alone).
+const QUANTIZE_GRAIN: usize = 64;
 
 /// The most activation rows one pass of a SIMD kernel covers (what both kernels' registers
 /// hold beside a weight row's codes).
@@ -656,7 +662,7 @@ pub struct QActs {
     sx16: Vec<f32>,
     lane_dx: Vec<f32>,
     lane_sx: Vec<f32>,
-    /// Scratch: one row's `xq` in natural order.
+    /// Scratch: every row's `xq` in natural order.
     natural: Vec<i8>,
 }
 
@@ -675,28 +681,49 @@ impl QActs {
         self.sx16.resize(m * 2 * nb, 0.0);
         self.lane_dx.resize(m * 16 * groups_per_row, 0.0);
         self.lane_sx.resize(m * 16 * groups_per_row, 0.0);
-        self.natural.resize(padded, 0);
-        for (r, row) in x.chunks_exact(k).take(m).enumerate() {
-            let dx = &mut self.dx[r * nb..][..nb];
-            quantize_row(
-                row,
-                &mut self.natural,
-                dx,
-                &mut self.sx[r * nb..][..nb],
-                &mut self.sx16[r * 2 * nb..][..2 * nb],
-            );
+        self.natural.resize(m * padded, 0);
+        // The blocks of all rows, in runs shared out over the thread team (the calling thread
+        // alone spent a twentieth of a five-row forward pass here, the other waiting).
+        let (natural, dx, sx, sx16) = (
+            OutPtr::new(&mut self.natural),
+            OutPtr::new(&mut self.dx),
+            OutPtr::new(&mut self.sx),
+            OutPtr::new(&mut self.sx16),
+        );
+        team().run(m * nb, QUANTIZE_GRAIN, &|blocks| {
+            let mut b = blocks.start;
+            while b < blocks.end {
+                // The run's blocks in row r, from its block `first`.
+                let (r, first) = (b / nb, b % nb);
+                let count = (blocks.end - b).min(nb - first);
+                // SAFETY: each run of blocks owns its own parts of the four arrays.
+                unsafe {
+                    quantize_blocks(
+                        &x[r * k..(r + 1) * k],
+                        first,
+                        natural.slice(b * 32, count * 32),
+                        dx.slice(b, count),
+                        sx.slice(b, count),
+                        sx16.slice(2 * b, 2 * count),
+                    );
+                }
+                b += count;
+            }
+        });
+        for r in 0..m {
+            let (natural, dx) = (&self.natural[r * padded..][..padded], &self.dx[r * nb..][..nb]);
             let (r0, p) = pass_of(m, r);
             for (g, (start, n)) in groups(chunks).enumerate() {
                 let at = start * CHUNK..(start + n) * CHUNK;
                 let lane = (r0 * groups_per_row + g * p + r - r0) * 16;
                 let (lane_dx, lane_sx) = (&mut self.lane_dx[lane..][..16], &mut self.lane_sx[lane..][..16]);
                 // Lane l of the group covers values 4n·l.. of it, in block (start·64 + 4n·l) / 32.
-                for (l, values) in self.natural[at.clone()].chunks_exact(4 * n).enumerate() {
+                for (l, values) in natural[at.clone()].chunks_exact(4 * n).enumerate() {
                     lane_dx[l] = dx[(start * CHUNK + 4 * n * l) / 32];
                     lane_sx[l] = lane_dx[l] * values.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
                 }
                 let to = &mut self.xq[codes_at(padded, (r0, p), r, start, n)..][..n * CHUNK];
-                scatter(&self.natural[at], to, n);
+                scatter(&natural[at], to, n);
             }
         }
     }
@@ -710,26 +737,43 @@ impl QActs {
 }
 
 multiversion! {
-    /// Per 32 values of `x` (padded to `xq.len()` with zeros): `dx = max|x| / 127`,
-    /// `xq = round(x / dx)`, `sx = dx·Σxq`, and `sx16` per 16 values; all in natural order.
-    fn quantize_row(x: &[f32], xq: &mut [i8], dx: &mut [f32], sx: &mut [f32], sx16: &mut [f32]) {
+    /// Per 32 values of the row `x` from block `first` on (`xq.len() / 32` blocks, the row
+    /// padded with zeros): `dx = max|x| / 127`, `xq = round(x / dx)`, `sx = dx·Σxq`, and `sx16`
+    /// per 16 values; all in natural order.
+    fn quantize_blocks(x: &[f32], first: usize, xq: &mut [i8], dx: &mut [f32], sx: &mut [f32], sx16: &mut [f32]) {
         let k = x.len();
         for (b, block) in xq.chunks_exact_mut(32).enumerate() {
             // A whole block as a fixed-size array (all but a row's padded end), so that the
             // loops vectorize.
             let mut vals = [0f32; 32];
-            let part = &x[(b * 32).min(k)..((b + 1) * 32).min(k)];
+            let at = (first + b) * 32;
+            let part = &x[at.min(k)..(at + 32).min(k)];
             vals[..part.len()].copy_from_slice(part);
-            let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut q = [0i8; 32];
-            for (q, v) in q.iter_mut().zip(&vals) {
-                *q = (v * inv).round_ties_even() as i8;
+            // max |v| over the bits (for floats that are not NaN, the order of the bits without
+            // the sign is the order of the magnitudes): an integer maximum vectorizes, while
+            // `f32::max`'s NaN rule kept the fold scalar. A NaN counts as 0, as `f32::max`
+            // skipped it. (Plain loops: array `map`s were left as calls.)
+            let mut top = 0u32;
+            for v in &vals {
+                let bits = v.to_bits() & 0x7FFF_FFFF;
+                top = top.max(if bits > 0x7F80_0000 { 0 } else { bits });
             }
-            block.copy_from_slice(&q);
-            let sum = |half: &[i8]| half.iter().map(|&v| i32::from(v)).sum::<i32>();
-            let sums = [sum(&q[..16]), sum(&q[16..])];
+            let d = f32::from_bits(top) / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut q = [0i32; 32];
+            for (q, v) in q.iter_mut().zip(&vals) {
+                // Rounded to the nearest integer, ties to even, by adding 1.5·2^23 (where floats
+                // are one apart) and reading the integer off the bits: this vectorizes, where
+                // `round_ties_even` and a saturating cast stayed scalar. |v·inv| <= 127; a NaN
+                // gives 0, as the cast did.
+                let y = v * inv;
+                let y = if y.is_nan() { 0.0 } else { y };
+                *q = (y + 12_582_912.0).to_bits() as i32 - 0x4B40_0000;
+            }
+            for (o, &q) in block.iter_mut().zip(&q) {
+                *o = q as i8;
+            }
+            let sums = [q[..16].iter().sum::<i32>(), q[16..].iter().sum::<i32>()];
             dx[b] = d;
             sx[b] = d * (sums[0] + sums[1]) as f32;
             sx16[2 * b] = d * sums[0] as f32;
@@ -789,6 +833,31 @@ mod tests {
                     // The scales are the file's, so the values are too (up to f32 rounding).
                     assert!((a - b).abs() <= 1e-6, "{dtype:?}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// The quantized activations are `round_ties_even(x / dx)` with `dx = max|x| / 127` per
+    /// 32 values, a NaN giving 0 (and counting as 0 in the maximum), in rows split across the
+    /// thread team's runs at any block.
+    #[test]
+    fn activations_round_half_to_even() {
+        let (m, k) = (3, 50 * 32 + 7);
+        // Halves of the step (ties) and values between, with max |x| = 127 in every block.
+        let mut x: Vec<f32> = (0..m * k).map(|i| (i % 61) as f32 * 0.5 - 15.0).collect();
+        for (i, v) in x.iter_mut().enumerate() {
+            if i % k % 32 == 5 {
+                *v = if i % 2 == 0 { 127.0 } else { -127.0 };
+            }
+        }
+        x[k + 40] = f32::NAN;
+        let mut a = QActs::default();
+        a.quantize(&x, m, k);
+        for r in 0..m {
+            for i in 0..k {
+                let v = x[r * k + i];
+                let want = if v.is_nan() { 0 } else { v.round_ties_even() as i8 };
+                assert_eq!(a.xq[a.at(r, i)], want, "row {r} value {i}: {v}");
             }
         }
     }
