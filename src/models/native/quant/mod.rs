@@ -668,6 +668,8 @@ pub struct QActs {
 
 impl QActs {
     /// Quantizes `m` rows of `x` (each `k` long) for products with matrices of `k` columns.
+    ///
+    /// Panics if `x` holds fewer than `m·k` values.
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
         let padded = k.div_ceil(CHUNK) * CHUNK;
         let (nb, chunks) = (padded / 32, padded / CHUNK);
