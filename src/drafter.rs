@@ -305,6 +305,13 @@ impl DraftModel for Drafter {
         }
     }
 
+    fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
+        match self {
+            Self::NGram(n) => n.block_len(ctx, k, max),
+            _ => k,
+        }
+    }
+
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         self.keep_outputs(tokens)?;
         match self {

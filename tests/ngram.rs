@@ -7,7 +7,10 @@ mod common;
 use common::check_windows;
 use common::settings;
 use specdec::toy::MarkovModel;
-use specdec::{DraftModel, KPolicy, LookupOr, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
+use specdec::{
+    DraftModel, KPolicy, LookupOr, NGramDraft, PlainDecoder, Proposal, Result, SamplingConfig, SpeculativeDecoder,
+    TokenModel,
+};
 
 /// Repeats "2 0 5" and holds every token of the vocabulary of 6 before its last position, so
 /// that (with min_n = 1) every context has a match and the drafter always proposes.
@@ -20,6 +23,29 @@ fn repetitive_prompt(seed: u64, vocab: usize, shortest: u64) -> Vec<u32> {
     motif.iter().cycle().take(3 * motif.len() + 1).copied().collect()
 }
 
+/// The n-gram drafter with the decoder's block lengths instead of its own (the default
+/// [`DraftModel::block_len`]), so that every depth up to k is drafted and judged often.
+#[derive(Clone)]
+struct EveryDepth(NGramDraft);
+
+impl TokenModel for EveryDepth {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn context_len(&self) -> usize {
+        self.0.context_len()
+    }
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.0.truncate(len)
+    }
+}
+
+impl DraftModel for EveryDepth {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        self.0.propose(tokens)
+    }
+}
+
 #[test]
 fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
     for seed in 0..30u64 {
@@ -28,7 +54,7 @@ fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
         let prompt = repetitive_prompt(seed, vocab, 2);
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(60).generate(&prompt)?;
         for policy in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::Adaptive { max: 6 }] {
-            for (min_n, max_n) in [(1, 4), (2, 3)] {
+            for (min_n, max_n) in [(1, 4), (2, 3), (1, 16)] {
                 let draft = NGramDraft::with_range(vocab, min_n, max_n)?;
                 let mut dec =
                     SpeculativeDecoder::builder(draft, target.clone()).k_policy(policy).max_new_tokens(60).build()?;
@@ -61,7 +87,18 @@ fn sequences_with_ngram_drafts_follow_the_target() -> Result<()> {
     ];
     for (name, cfg) in settings {
         for k in [1, 2, 4, 7] {
+            // The drafter's own block lengths (as long as its match): the law must hold too.
             let mut dec = SpeculativeDecoder::builder(NGramDraft::new(6)?, target.clone())
+                .k(k)
+                .sampling(cfg.clone())
+                .seed(1000 + k as u64)
+                .max_new_tokens(k + 3)
+                .build()?;
+            let own =
+                check_windows(&format!("n-gram blocks, {name}, k = {k}"), &mut dec, &target, &cfg, &PROMPT, k, 60_000)?;
+            assert_eq!(own.drafted, own.draft_calls, "{name}, k = {k}: the drafter proposed nothing");
+            // Every depth up to k: blocks of the decoder's length.
+            let mut dec = SpeculativeDecoder::builder(EveryDepth(NGramDraft::new(6)?), target.clone())
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(2000 + k as u64)

@@ -48,6 +48,14 @@ impl KPolicy {
             _ => Ok(self),
         }
     }
+
+    /// The longest block the policy allows: a fixed k, or the `max` of the others.
+    pub fn max(self) -> usize {
+        match self {
+            KPolicy::Fixed(k) => k,
+            KPolicy::Adaptive { max } | KPolicy::GrowShrink { max, .. } => max,
+        }
+    }
 }
 
 impl Default for KPolicy {

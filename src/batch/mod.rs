@@ -402,9 +402,22 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 }
             }
         };
-        // Sequences with a k of their own keep it.
-        let ks: Vec<usize> = (self.seqs.iter().zip(chosen).zip(limits))
-            .map(|((s, k), limit)| s.fixed_k.map_or(k, |own| own.min(limit)))
+        // Sequences with a k of their own keep it; then each draft may adjust its block, as
+        // in the single decoder (see `DraftModel::block_len`), within the policy's longest.
+        let longest = match self.policy {
+            BatchPolicy::Plain => 0,
+            BatchPolicy::Fixed(k) => k,
+            BatchPolicy::Adaptive { max_k } => max_k.min((MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1)),
+        };
+        let ks: Vec<usize> = (self.seqs.iter_mut().zip(chosen).zip(limits))
+            .map(|((s, k), limit)| {
+                let (k, max) = s.fixed_k.map_or((k, longest), |own| (own.min(limit), own));
+                if k > 0 {
+                    s.seq.block_len(k, max).min(limit)
+                } else {
+                    0
+                }
+            })
             .collect();
         candidates.iter_mut().for_each(|c| c.behind = 0);
         let predicted = match candidates.is_empty() {

@@ -282,7 +282,8 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// path samples the next one from its row.
     fn chain_round(&mut self, remaining: usize) -> Result<Verdict> {
         let n = self.seq.ctx().len();
-        let k = self.k.next_k().min(remaining - 1);
+        let k = self.k.next_k();
+        let k = if k > 0 { self.seq.block_len(k, self.k.policy().max()) } else { 0 }.min(remaining - 1);
         if k > 0 {
             self.seq.catch_up_draft()?;
         }

@@ -106,6 +106,12 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         &self.ctx
     }
 
+    /// The draft's block length for the next chain round, given the controller's `k` and the
+    /// policy's longest block `max` (see [`DraftModel::block_len`]).
+    pub fn block_len(&mut self, k: usize, max: usize) -> usize {
+        self.draft.block_len(&self.ctx, k, max)
+    }
+
     /// The tokens generated so far.
     pub fn generated(&self) -> &[u32] {
         &self.ctx[self.prompt_len.min(self.ctx.len())..]

@@ -30,15 +30,29 @@ pub struct NGramDraft {
     min_n: usize,
     max_n: usize,
     ctx: Vec<u32>,
+    /// The round [`DraftModel::block_len`] planned last.
+    round: Round,
 }
 
+/// Where a round's first drafted token lands in the context, and the tokens proposed from
+/// there on.
+#[derive(Debug, Clone, Default)]
+struct Round {
+    at: usize,
+    proposed: Vec<u32>,
+}
+
+/// The longest block [`NGramDraft`] plans: a copied span rarely runs on longer without an
+/// edit, and a longer verification costs more than it would win.
+const MAX_BLOCK: usize = 16;
+
 impl NGramDraft {
-    /// A drafter over `vocab` tokens matching suffixes of 4 down to 1 tokens.
+    /// A drafter over `vocab` tokens matching suffixes of 16 down to 1 tokens.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] when `vocab` is 0.
     pub fn new(vocab: usize) -> Result<Self> {
-        Self::with_range(vocab, 1, 4)
+        Self::with_range(vocab, 1, MAX_BLOCK)
     }
 
     /// A drafter matching suffixes of `max_n` down to `min_n` tokens. A larger `min_n` proposes
@@ -56,7 +70,7 @@ impl NGramDraft {
         if max_n < min_n {
             return Err(Error::setting("max_n", max_n, "at least min_n"));
         }
-        Ok(Self { vocab, min_n, max_n, ctx: Vec::new() })
+        Ok(Self { vocab, min_n, max_n, ctx: Vec::new(), round: Round::default() })
     }
 
     /// The tokens the drafter holds.
@@ -67,7 +81,7 @@ impl NGramDraft {
     /// The token that followed the most recent earlier occurrence of the longest suffix of the
     /// context of at least `min_n` and at most `max_n` tokens, if there is one.
     pub fn lookup(&self) -> Option<u32> {
-        longest_suffix_match(&self.ctx, self.min_n, self.max_n).map(|end| self.ctx[end + 1])
+        longest_suffix_match(&self.ctx, self.min_n, self.max_n).map(|(end, _)| self.ctx[end + 1])
     }
 }
 
@@ -78,7 +92,7 @@ impl NGramDraft {
 /// n-token suffix occurs ending at `i`, so the longest length wins and, among equals, the first
 /// found (the most recent). Most positions fail on their first token, so the scan costs about
 /// one comparison per context token (a few microseconds for thousands of tokens).
-fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<usize> {
+fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<(usize, usize)> {
     let (&last, head) = ctx.split_last()?;
     let mut best: Option<(usize, usize)> = None;
     for i in (0..head.len()).rev().filter(|&i| head[i] == last) {
@@ -90,7 +104,7 @@ fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<usize
             }
         }
     }
-    best.filter(|&(_, len)| len >= min_n).map(|(i, _)| i)
+    best.filter(|&(_, len)| len >= min_n)
 }
 
 /// How many tokens (at most `max_n`) ending at `ctx[i]` equal the suffix of `ctx`, comparing
@@ -137,7 +151,33 @@ impl DraftModel for NGramDraft {
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         check_tokens(tokens, self.vocab)?;
         self.ctx.extend_from_slice(tokens);
-        Ok(self.lookup().map_or(Proposal::Nothing, Proposal::Token))
+        let found = self.lookup();
+        if let Some(t) = found {
+            if self.ctx.len() == self.round.at + self.round.proposed.len() {
+                self.round.proposed.push(t);
+            }
+        }
+        Ok(found.map_or(Proposal::Nothing, Proposal::Token))
+    }
+
+    /// As long as the match the context ends in (none: 0, a plain step), and twice the last
+    /// round's block after a round whose drafts were all accepted (a copy that runs on), up
+    /// to `max` and 16 tokens whatever `k`: lookup is often wrong just after an edit, where
+    /// the match is short, and almost never inside a long copied span, which the controller's
+    /// one acceptance rate cannot tell apart.
+    fn block_len(&mut self, ctx: &[u32], _k: usize, max: usize) -> usize {
+        let mut last = std::mem::take(&mut self.round);
+        let all_accepted =
+            !last.proposed.is_empty() && ctx.get(last.at..).is_some_and(|s| s.starts_with(&last.proposed));
+        let len = longest_suffix_match(ctx, self.min_n, self.max_n).map_or(0, |(_, len)| len);
+        let n = match (len, all_accepted) {
+            (0, _) => 0,
+            (_, true) => len.max(2 * last.proposed.len()),
+            _ => len,
+        };
+        last.proposed.clear();
+        self.round = Round { at: ctx.len(), proposed: last.proposed };
+        n.min(MAX_BLOCK).min(max)
     }
 
     /// Up to `budget.width()` matches followed by different tokens (longest first), each
@@ -193,6 +233,33 @@ mod tests {
         d.truncate(0)?;
         let small = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 3, 1)?, picker)?;
         assert_eq!(small.tokens(), &[6, 7, 8]);
+        Ok(())
+    }
+
+    #[test]
+    fn blocks_follow_the_match_and_double_while_all_are_accepted() -> Result<()> {
+        let mut d = NGramDraft::new(20)?;
+        // No earlier occurrence of the last token: a plain step.
+        assert_eq!(d.block_len(&[1, 2, 3], 4, 8), 0);
+        // "1 2 3" recurs: a block of 3 whatever the controller's k, within max.
+        let mut ctx = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 9, 1, 2, 3];
+        assert_eq!(d.block_len(&ctx, 1, 8), 3);
+        for t in [4, 5, 6] {
+            let fed = d.context_len();
+            assert_eq!(propose(&mut d, &ctx[fed..]), Proposal::Token(t));
+            ctx.push(t);
+        }
+        // The second draft rejected, 9 in its place: the 1-token match "9" alone decides.
+        let mut rejected = d.clone();
+        rejected.truncate(20)?;
+        assert_eq!(rejected.block_len(&[&ctx[..20], &[9]].concat(), 1, 8), 1);
+        // All three accepted, and a bonus token off the copy (a 1-token match): twice the block.
+        ctx.push(9);
+        assert_eq!(d.clone().block_len(&ctx, 1, 4), 4, "max bounds the block");
+        assert_eq!(d.block_len(&ctx, 1, 8), 6);
+        // Nothing proposed since: the match decides again.
+        assert_eq!(d.block_len(&ctx, 1, 8), 1);
+        assert_eq!(d.block_len(&[7; 40], 1, 64), MAX_BLOCK);
         Ok(())
     }
 
@@ -263,7 +330,7 @@ mod tests {
                 })
                 .collect();
             for (min_n, max_n) in [(1, 4), (2, 3), (1, 1), (3, 6)] {
-                let d = NGramDraft { vocab: 3, min_n, max_n, ctx: ctx.clone() };
+                let d = NGramDraft { vocab: 3, min_n, max_n, ctx: ctx.clone(), round: Round::default() };
                 assert_eq!(d.lookup(), reference(&ctx, min_n, max_n), "ctx {ctx:?}, n {min_n}..={max_n}");
             }
         }

@@ -230,6 +230,18 @@ pub trait DraftModel: TokenModel {
     /// Out-of-vocabulary tokens, backend failures.
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal>;
 
+    /// How many tokens to draft in the chain round about to start, asked once before its
+    /// first [`propose`](Self::propose) with the whole context `ctx` (the pending token
+    /// included), the decoder's choice `k` (at least 1) and the longest block its policy
+    /// allows, `max`. The default drafts `k`. A drafter that can tell its confidence from the
+    /// context may draft fewer, or up to `max` where it is sure: [`NGramDraft`](crate::NGramDraft)
+    /// drafts long inside a long match. Exactness does not depend on the answer, which is
+    /// fixed from the context before the round's random draws.
+    fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
+        let _ = (ctx, max);
+        k
+    }
+
     /// Appends `tokens` (at least one) to the context and proposes a tree of continuations
     /// within `budget` (see [`DraftTree`]), turning logits rows into children with `picker`
     /// (the decoder's sampling settings). Afterwards the context holds at least all but the
