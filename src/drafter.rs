@@ -308,6 +308,7 @@ impl DraftModel for Drafter {
     fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
         match self {
             Self::NGram(n) => n.block_len(ctx, k, max),
+            Self::Lookup(l) => l.block_len(ctx, k, max),
             _ => k,
         }
     }

@@ -10,8 +10,9 @@ use crate::model::{DraftModel, Proposal, TokenModel};
 /// 0.96 to 0.87 a position).
 const MIN_MATCH: usize = 4;
 
-/// Proposes the n-gram continuation (a point mass) when the context's last 4 to 6 tokens
-/// occurred before, and the model's row otherwise. The model is fed lazily: the tokens it missed while
+/// Proposes the n-gram continuation (a point mass) when the context's last 4 to 16 tokens
+/// occurred before, and the model's row otherwise. A round starting inside such a match is as
+/// long as [`NGramDraft`]'s block there, or the decoder's k if that is longer. The model is fed lazily: the tokens it missed while
 /// lookup drafted go in with its next call, one forward pass for all of them.
 ///
 /// Exactness is the kernel's: each position's draft law is the one its proposal states (a
@@ -30,7 +31,7 @@ impl<D: DraftModel> LookupOr<D> {
     /// # Errors
     /// [`Error::InvalidSetting`] for a model with an empty vocabulary.
     pub fn new(model: D) -> Result<Self> {
-        let lookup = NGramDraft::with_range(model.vocab_size(), MIN_MATCH, MIN_MATCH + 2)?;
+        let lookup = NGramDraft::with_range(model.vocab_size(), MIN_MATCH, 16)?;
         Ok(Self { lookup, model, ctx: Vec::new() })
     }
 
@@ -65,6 +66,10 @@ impl<D: TokenModel> TokenModel for LookupOr<D> {
 }
 
 impl<D: DraftModel> DraftModel for LookupOr<D> {
+    fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
+        self.lookup.block_len(ctx, k, max).max(k)
+    }
+
     fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
         self.ctx.extend_from_slice(tokens);
         if let found @ Proposal::Token(_) = self.lookup.propose(tokens)? {
