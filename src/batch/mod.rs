@@ -374,6 +374,12 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }
 
+    /// The longest block a sequence may draft under the adaptive policy: the most rows
+    /// measured bounds the step's rows.
+    fn rows_cap(&self) -> usize {
+        (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1)
+    }
+
     /// Each sequence's k for this step, by the policy (never past its last token), and for the
     /// adaptive policy whether the step drafts and its predicted tokens per second (catch-up
     /// left out).
@@ -385,8 +391,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
             BatchPolicy::Adaptive { max_k } => {
                 self.calibrate()?;
-                // The most rows measured bounds the step's rows.
-                let cap = (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1);
+                let cap = self.rows_cap();
                 for (s, &limit) in self.seqs.iter().zip(&limits) {
                     let missed = s.seq.draft_missed()?.len();
                     let behind = if missed > 2 { missed - 1 } else { 0 };
@@ -407,7 +412,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let longest = match self.policy {
             BatchPolicy::Plain => 0,
             BatchPolicy::Fixed(k) => k,
-            BatchPolicy::Adaptive { max_k } => max_k.min((MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1)),
+            BatchPolicy::Adaptive { max_k } => max_k.min(self.rows_cap()),
         };
         let ks: Vec<usize> = (self.seqs.iter_mut().zip(chosen).zip(limits))
             .map(|((s, k), limit)| {

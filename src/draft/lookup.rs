@@ -1,6 +1,7 @@
 //! N-gram lookup where the context has a match, a model draft elsewhere: code edits repeat
 //! long spans of the prompt, which lookup drafts for free, while new code needs the model.
 
+use crate::draft::ngram::MAX_BLOCK;
 use crate::draft::NGramDraft;
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal, TokenModel};
@@ -31,7 +32,7 @@ impl<D: DraftModel> LookupOr<D> {
     /// # Errors
     /// [`Error::InvalidSetting`] for a model with an empty vocabulary.
     pub fn new(model: D) -> Result<Self> {
-        let lookup = NGramDraft::with_range(model.vocab_size(), MIN_MATCH, 16)?;
+        let lookup = NGramDraft::with_range(model.vocab_size(), MIN_MATCH, MAX_BLOCK)?;
         Ok(Self { lookup, model, ctx: Vec::new() })
     }
 

@@ -44,7 +44,7 @@ struct Round {
 
 /// The longest block [`NGramDraft`] plans: a copied span rarely runs on longer without an
 /// edit, and a longer verification costs more than it would win.
-const MAX_BLOCK: usize = 16;
+pub(crate) const MAX_BLOCK: usize = 16;
 
 impl NGramDraft {
     /// A drafter over `vocab` tokens matching suffixes of 16 down to 1 tokens.
