@@ -27,7 +27,8 @@ struct Args {
     #[arg(long)]
     target: Option<String>,
     /// Draft model (same kinds as --target); short for `--drafter model:DRAFT` (with
-    /// `--drafter ngram+model`, the model of that pair).
+    /// `--drafter ngram+model`, the model of that pair). `PATH@q4_1` (or another weight
+    /// format) re-quantizes the draft's weights at load: still exact, and cheaper.
     #[arg(long)]
     draft: Option<String>,
     /// Build the draft by quantizing the target's weights (q8_0, q4_0, q4_1, q4k, ...); short

@@ -21,12 +21,13 @@ use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 /// Which drafter to build, as written on a command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrafterSpec {
-    /// `model` or `model:PATH_OR_HUB_ID`: a separate model (default: the target's file with its
-    /// weights as stored, e.g. the Q4_1 weights of a Q4_1 GGUF).
+    /// `model` or `model:PATH_OR_HUB_ID[@FORMAT]`: a separate model (default: the target's file
+    /// with its weights as stored, e.g. the Q4_1 weights of a Q4_1 GGUF), its weights as
+    /// stored or re-quantized to `FORMAT` (`q4_1`, `q4_0`, …; see [`draft_source`]).
     Model(Option<String>),
     /// `ngram`: prompt lookup, no model.
     NGram,
-    /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID`: lookup where the context has a match of
+    /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID[@FORMAT]`: lookup where the context has a match of
     /// 4 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
     LookupModel(Option<String>),
     /// `layerskip:N`: the target's first N blocks, sharing its weights.
@@ -39,7 +40,7 @@ pub enum DrafterSpec {
     Eagle3(String),
     /// `medusa:PATH_OR_HUB_ID`: Medusa-1 heads on the target's final hidden states.
     Medusa(String),
-    /// `cross:METHOD:PATH_OR_HUB_ID`: a model with another tokenizer, proposing by `METHOD`
+    /// `cross:METHOD:PATH_OR_HUB_ID[@FORMAT]`: a model with another tokenizer, proposing by `METHOD`
     /// (`text` or `intersection`, see [`CrossVocabDraft`]). `model:PATH` chooses this by
     /// itself, with the intersection method (the faster of the two on SmolLM2 drafting for
     /// Qwen2.5-Coder-1.5B, greedy and sampled), when the tokenizers differ.
@@ -239,10 +240,27 @@ impl Drafter {
 /// drafts are proposed.
 pub const DRAFT_VOCAB: usize = 65_536;
 
-/// The model draft at `path` with its weights as stored, and its tokenizer.
+/// The model draft at `path` and its tokenizer: its weights as stored, or re-quantized where
+/// the path ends in `@FORMAT` (see [`draft_source`]).
 fn model_draft(path: &str, device: &Device) -> Result<(Llama, Tokenizer)> {
-    let (weights, draft_tok) = ModelFiles::resolve(path)?.load(WeightFormat::Stored, device)?;
+    let (path, format) = draft_source(path)?;
+    let (weights, draft_tok) = ModelFiles::resolve(path)?.load(format, device)?;
     Ok((Llama::new(weights)?, draft_tok))
+}
+
+/// Splits a draft's `PATH@FORMAT` into the path and the weight format to load it in
+/// (`stored` without the suffix). A draft's weights need not be the file's: any format keeps
+/// decoding exact, and a smaller one makes the draft cheaper (Qwen2.5-Coder-0.5B, mostly
+/// Q5_0 and Q8_0 as stored, drafts about as well re-quantized to Q4_1 at 0.8 of the cost).
+///
+/// # Errors
+/// [`Error::InvalidSetting`] for a suffix that is no weight format (a suffix with a `/` or a
+/// `.` is taken as part of the path).
+pub fn draft_source(path: &str) -> Result<(&str, WeightFormat)> {
+    match path.rsplit_once('@') {
+        Some((file, tail)) if !tail.contains(['/', '.']) => Ok((file, tail.parse()?)),
+        _ => Ok((path, WeightFormat::Stored)),
+    }
 }
 
 impl TokenModel for Drafter {
@@ -345,5 +363,27 @@ impl BatchDraft for Drafter {
             return Err(Error::setting("batch feeds", feeds.len(), "one per draft"));
         }
         drafts.iter_mut().zip(feeds).map(|(d, feed)| d.propose(feed)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::GgmlDType;
+
+    #[test]
+    fn a_draft_path_may_name_its_weight_format() {
+        assert_eq!(draft_source("d.gguf").unwrap(), ("d.gguf", WeightFormat::Stored));
+        assert_eq!(draft_source("d.gguf@q4_1").unwrap(), ("d.gguf", WeightFormat::Quantized(GgmlDType::Q4_1)));
+        assert_eq!(
+            draft_source("hf:org/name@Q4_0").unwrap(),
+            ("hf:org/name", WeightFormat::Quantized(GgmlDType::Q4_0))
+        );
+        // An `@` inside a path is the path's.
+        assert_eq!(draft_source("/tmp/a@b/d.gguf").unwrap(), ("/tmp/a@b/d.gguf", WeightFormat::Stored));
+        assert!(matches!(draft_source("d.gguf@q4_2"), Err(Error::InvalidSetting { .. })));
+        let spec: DrafterSpec = "model:d.gguf@q4_1".parse().unwrap();
+        assert_eq!(spec, DrafterSpec::Model(Some("d.gguf@q4_1".into())));
+        assert_eq!(spec.to_string(), "model:d.gguf@q4_1");
     }
 }
