@@ -167,7 +167,8 @@ unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize
         // one-row pass of the 1.5B took 10–25 % less time than with codes alone); codes alone
         // for more, which the extra prefetches slowed.
         let ahead = if M == 1 { AHEAD_ONE } else { AHEAD };
-        w.prefetch(0, ahead, start, g, C, BITS, M <= PREFETCH_ALL);
+        let all = M <= PREFETCH_ALL;
+        w.prefetch(0, ahead, start, g, C, BITS, (all, all));
         let both = scales::<C>(w, start);
         let (xg, (dxg, sxg)) = (x.codes(start), x.lanes(g));
         for (h, &(scale, offset)) in both.iter().enumerate() {

@@ -537,7 +537,9 @@ impl Weights {
 #[cfg(target_arch = "x86_64")]
 impl Weights {
     /// Fetches into L2 the bytes that the group of `c` chunks from `start` (group `g`) of row
-    /// `i + ahead` needs: its codes, and with `all` its high bits and scales too. Rows are short
+    /// `i + ahead` needs: its codes, with `high` its high bits, and with `scales` the cache
+    /// lines where its scales begin (a line holds the scales of four groups or more, so a
+    /// kernel may ask for them every fourth group: see the AVX-512 kernel). Rows are short
     /// streams the hardware prefetchers pick up late, and the scale parts (a few bytes a
     /// group) are the shortest: fetched on demand they cost the AVX-512 kernel a quarter of
     /// the one-row time of the 1536 × 8960 Q4_K product (`cargo bench -- q4k`) and about 5 %
@@ -549,7 +551,16 @@ impl Weights {
     /// `wrapping_add` and only prefetched, never read.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn prefetch(&self, i: usize, ahead: usize, start: usize, g: usize, c: usize, bits: u8, all: bool) {
+    fn prefetch(
+        &self,
+        i: usize,
+        ahead: usize,
+        start: usize,
+        g: usize,
+        c: usize,
+        bits: u8,
+        (high, scales): (bool, bool),
+    ) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let row = i + ahead;
         let code_bytes = if bits == 8 { c * CHUNK } else { c * CHUNK / 2 };
@@ -569,7 +580,10 @@ impl Weights {
             for line in 0..code_bytes.div_ceil(CHUNK) {
                 _mm_prefetch::<_MM_HINT_T1>(codes.wrapping_add(line * CHUNK) as *const i8);
             }
-            if !all {
+            if high && hb > 0 {
+                _mm_prefetch::<_MM_HINT_T1>(self.plane.wrapping_add(row * self.hi_row + start * 8 * hb) as *const i8);
+            }
+            if !scales {
                 return;
             }
             // The parts this type has (an empty part's pointer leads nowhere worth a page walk).
@@ -579,9 +593,6 @@ impl Weights {
             _mm_prefetch::<_MM_HINT_T1>(self.d.wrapping_add(row * per_d + d) as *const i8);
             if per_m > 0 {
                 _mm_prefetch::<_MM_HINT_T1>(self.m.wrapping_add(row * per_m + m) as *const i8);
-            }
-            if hb > 0 {
-                _mm_prefetch::<_MM_HINT_T1>(self.plane.wrapping_add(row * self.hi_row + start * 8 * hb) as *const i8);
             }
         }
     }
