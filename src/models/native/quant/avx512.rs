@@ -245,7 +245,7 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
         // group, which covers them (asked for every group, the prefetches' own instructions
         // took 6–7 % of the arithmetic of one- and five-row Q4_K products in the L2 cache).
         for i in 0..R {
-            w.prefetch(i, AHEAD, start, g, C, BITS, (true, g % 4 == 0));
+            w.prefetch(i, AHEAD, start, g, C, BITS, (true, g.is_multiple_of(4)));
         }
         // (Loops, not `array::from_fn`: a closure would not inherit the target features, and its
         // intrinsics would become calls.)
