@@ -27,8 +27,8 @@ pub enum DrafterSpec {
     Model(Option<String>),
     /// `ngram`: prompt lookup, no model.
     NGram,
-    /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID[@FORMAT]`: lookup where the context has a match of
-    /// 4 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
+    /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID[@FORMAT]`: lookup where the context has a
+    /// match of 4 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
     LookupModel(Option<String>),
     /// `layerskip:N`: the target's first N blocks, sharing its weights.
     LayerSkip(usize),
@@ -40,8 +40,8 @@ pub enum DrafterSpec {
     Eagle3(String),
     /// `medusa:PATH_OR_HUB_ID`: Medusa-1 heads on the target's final hidden states.
     Medusa(String),
-    /// `cross:METHOD:PATH_OR_HUB_ID[@FORMAT]`: a model with another tokenizer, proposing by `METHOD`
-    /// (`text` or `intersection`, see [`CrossVocabDraft`]). `model:PATH` chooses this by
+    /// `cross:METHOD:PATH_OR_HUB_ID[@FORMAT]`: a model with another tokenizer, proposing by
+    /// `METHOD` (`text` or `intersection`, see [`CrossVocabDraft`]). `model:PATH` chooses this by
     /// itself, with the intersection method (the faster of the two on SmolLM2 drafting for
     /// Qwen2.5-Coder-1.5B, greedy and sampled), when the tokenizers differ.
     Cross(CrossMethod, String),
