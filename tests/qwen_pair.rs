@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::models::{model_path, QWEN_0_5B, QWEN_1_5B};
 use specdec::{
-    Drafter, Engine, Generation, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, PlainDecoder, Result,
-    SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat, DRAFT_VOCAB,
+    Drafter, DrafterSpec, Engine, Generation, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, PlainDecoder,
+    Result, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat, DRAFT_VOCAB,
 };
 
 /// The model as stored, on the native engine at every SIMD level (`Engine::Auto` would pick
@@ -122,6 +122,7 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
             ("n-gram, k = 4", Drafter::NGram(NGramDraft::new(vocab)?), Some(4)),
             ("n-gram or 0.5B, k = 4", Drafter::Lookup(LookupOr::new(Llama::new(draft.clone())?)?), Some(4)),
             ("0.5B over part of the vocabulary, adaptive k", limited(Llama::new(draft.clone())?, &tok)?, None),
+            ("0.5B re-quantized to Q4_1 (model:PATH@q4_1), k = 3", requantized_draft(&target, &tok)?, Some(3)),
         ];
         for (what, drafter, k) in drafters {
             let mut builder = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
@@ -139,6 +140,16 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The 0.5B draft re-quantized to Q4_1 at load, as `llama_spec --draft PATH@q4_1` builds it.
+fn requantized_draft(target: &Arc<LlamaWeights>, tok: &Tokenizer) -> Result<Drafter> {
+    let files = ModelFiles::Gguf(model_path(QWEN_1_5B).expect("loaded"));
+    let draft = model_path(QWEN_0_5B).expect("loaded");
+    let spec: DrafterSpec = format!("model:{}@q4_1", draft.display()).parse()?;
+    let drafter = Drafter::build(&spec, &files, &mut Llama::new(target.clone())?, tok, &candle_core::Device::Cpu)?;
+    assert!(matches!(drafter, Drafter::Model(_)), "{spec}");
+    Ok(drafter)
 }
 
 /// A model draft that scores only the first [`DRAFT_VOCAB`] ids and the added tokens, as
