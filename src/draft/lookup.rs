@@ -13,8 +13,9 @@ const MIN_MATCH: usize = 4;
 
 /// Proposes the n-gram continuation (a point mass) when the context's last 4 to 16 tokens
 /// occurred before, and the model's row otherwise. A round starting inside such a match is as
-/// long as [`NGramDraft`]'s block there, or the decoder's k if that is longer. The model is fed lazily: the tokens it missed while
-/// lookup drafted go in with its next call, one forward pass for all of them.
+/// long as [`NGramDraft`]'s block there, or the decoder's k if that is longer. The model is fed
+/// lazily: the tokens it missed while lookup drafted go in with its next call, one forward pass
+/// for all of them.
 ///
 /// Exactness is the kernel's: each position's draft law is the one its proposal states (a
 /// point mass or the model's row), and which of the two a position gets depends only on the
