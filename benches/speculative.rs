@@ -175,7 +175,7 @@ fn generation(c: &mut Criterion) {
         b.iter(|| dec.generate(&[1, 2, 3]))
     });
     for k in 2..=6 {
-        let Ok(mut dec) = SpeculativeDecoder::builder(draft.clone(), target.clone())
+        let Ok(mut dec) = SpeculativeDecoder::builder(target.clone(), draft.clone())
             .k(k)
             .sampling(sampling.clone())
             .max_new_tokens(128)
@@ -201,7 +201,7 @@ fn generation(c: &mut Criterion) {
     });
     for k in [2, 4, 6] {
         let (Ok(d), Ok(t)) = (Llama::new(draft.clone()), Llama::new(target.clone())) else { continue };
-        let Ok(mut dec) = SpeculativeDecoder::builder(d, t).k(k).max_new_tokens(128).build() else { continue };
+        let Ok(mut dec) = SpeculativeDecoder::builder(t, d).k(k).max_new_tokens(128).build() else { continue };
         g.bench_function(format!("spec_k{k}"), |b| b.iter(|| dec.generate(&prompt)));
     }
     g.finish();
@@ -229,7 +229,7 @@ fn batches(c: &mut Criterion) {
                 let mut batch = BatchDecoder::with_costs(policy, costs.clone())?;
                 for p in &prompts {
                     let request = Request::new(p.clone()).max_new_tokens(32);
-                    batch.add(Llama::new(draft.clone())?, Llama::new(target.clone())?, request)?;
+                    batch.add(Llama::new(target.clone())?, Llama::new(draft.clone())?, request)?;
                 }
                 Ok(batch.run()?.len())
             })

@@ -144,7 +144,7 @@ fn main() -> Result<()> {
     let (cpu_plain, _) = generate_plain(&cpu_weights, &prompt, args.tokens)?;
     let layers = dev_weights.config().num_layers;
     let draft = Llama::with_layers(Arc::clone(&dev_weights), (0..layers.div_ceil(2)).collect())?;
-    let mut spec = SpeculativeDecoder::builder(draft, Llama::new(Arc::clone(&dev_weights))?)
+    let mut spec = SpeculativeDecoder::builder(Llama::new(Arc::clone(&dev_weights))?, draft)
         .k(args.k)
         .sampling(SamplingConfig::greedy())
         .max_new_tokens(args.tokens)

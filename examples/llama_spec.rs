@@ -190,7 +190,7 @@ fn main() -> Result<()> {
         ids.len()
     );
     eprintln!("{}", specdec::cpu::kernels());
-    let mut spec = SpeculativeDecoder::builder(drafter, verifier)
+    let mut spec = SpeculativeDecoder::builder(verifier, drafter)
         .k_policy(k_policy)
         .tree(tree)
         .sampling(sampling.clone())

@@ -163,7 +163,7 @@ fn fmt_row(xs: impl Iterator<Item = f64>) -> String {
 /// statistics and the cost-model speedup: tokens / (target calls + c · draft calls).
 fn trial(noise: f32, k: usize, rounds: usize, c: f64) -> Result<(Stats, f64)> {
     let ToyPair { target, draft } = MarkovModel::pair(32, noise, 7);
-    let mut dec = SpeculativeDecoder::builder(draft, target)
+    let mut dec = SpeculativeDecoder::builder(target, draft)
         .k(k)
         .sampling(SamplingConfig::new(1.0)?)
         .seed(42)

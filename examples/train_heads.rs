@@ -208,7 +208,7 @@ fn generate(
     for temp in [0.0, 0.8] {
         let mut verifier = Llama::new(weights.clone())?;
         let drafter = Drafter::build(&DrafterSpec::Model(None), files, &mut verifier, tok, device)?;
-        let dec = SpeculativeDecoder::builder(drafter, verifier)
+        let dec = SpeculativeDecoder::builder(verifier, drafter)
             .sampling(SamplingConfig::new(temp)?.with_seed(args.seed))
             .max_new_tokens(args.tokens_per_prompt)
             .stop_tokens(stop.clone())

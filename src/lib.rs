@@ -17,7 +17,7 @@
 //! // A target and a noisy copy of it as the draft, over 32 tokens.
 //! let ToyPair { target, draft } = MarkovModel::pair(32, 0.1, 42);
 //! let sampling = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(7);
-//! let mut decoder = SpeculativeDecoder::builder(draft, target)
+//! let mut decoder = SpeculativeDecoder::builder(target, draft)
 //!     .k(4)
 //!     .sampling(sampling)
 //!     .max_new_tokens(64)
@@ -43,7 +43,7 @@
 //! // or a head on the target's hidden states: "eagle:DIR", "eagle3:DIR", "medusa:DIR").
 //! let drafter = Drafter::build(&"model".parse::<DrafterSpec>()?, &files, &mut target, &tokenizer, &device)?;
 //! // k adapts by default: up to 8, plain decoding where drafting does not pay.
-//! let mut decoder = SpeculativeDecoder::builder(drafter, target)
+//! let mut decoder = SpeculativeDecoder::builder(target, drafter)
 //!     .sampling(SamplingConfig::new(0.8)?.with_seed(7))
 //!     .stop_tokens(tokenizer.end_of_turn_ids())
 //!     .build()?;

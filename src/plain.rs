@@ -27,7 +27,7 @@ impl<T: TargetModel> PlainDecoder<T> {
     /// A decoder with 128 new tokens and no stop token.
     pub fn new(target: T, sampling: SamplingConfig) -> Self {
         let draft = NoDraft { vocab: target.vocab_size() };
-        Self { seq: Sequence::new(draft, target, sampling, StopRule::default(), Clock::wall()) }
+        Self { seq: Sequence::new(target, draft, sampling, StopRule::default(), Clock::wall()) }
     }
 
     /// Where the reported times are read (default the wall clock; see [`Clock`]).

@@ -281,7 +281,7 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(200).generate(&prompt)?;
     let slow = Busy { model: target.noisy_copy(0.1, 6), clock: clock.clone(), fixed: 1e-3, per_row: 0.0 };
     let fast = Busy { model: target, clock: clock.clone(), fixed: 2e-6, per_row: 0.0 };
-    let mut dec = SpeculativeDecoder::builder(slow, fast).max_new_tokens(200).clock(clock).build()?;
+    let mut dec = SpeculativeDecoder::builder(fast, slow).max_new_tokens(200).clock(clock).build()?;
     let mut drafted = 0;
     for _ in 0..20 {
         let out = dec.generate(&prompt)?;
@@ -313,12 +313,12 @@ fn greedy_with_a_k_policy_equals_plain_greedy() -> Result<()> {
         let prompt: Vec<u32> = (0..1 + seed % 5).map(|i| ((i * 7 + seed) % vocab as u64) as u32).collect();
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(80).generate(&prompt)?;
         for policy in policies() {
-            let mut cheap = SpeculativeDecoder::builder(draft.clone(), target.clone())
+            let mut cheap = SpeculativeDecoder::builder(target.clone(), draft.clone())
                 .k_policy(policy)
                 .max_new_tokens(80)
                 .build()?;
             let clock = Clock::manual();
-            let mut costly = SpeculativeDecoder::builder(light(draft.clone(), &clock), costly(target.clone(), &clock))
+            let mut costly = SpeculativeDecoder::builder(costly(target.clone(), &clock), light(draft.clone(), &clock))
                 .k_policy(policy)
                 .clock(clock)
                 .max_new_tokens(80)
@@ -353,7 +353,7 @@ fn check_adaptive<D: DraftModel, T: TargetModel>(
     mean_k: std::ops::RangeInclusive<f64>,
 ) -> Result<()> {
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(draft, model)
+    let mut dec = SpeculativeDecoder::builder(model, draft)
         .clock(clock)
         .k_policy(KPolicy::Adaptive { max: 4 })
         .sampling(cfg.clone())
@@ -396,7 +396,7 @@ fn the_adaptive_battery_rejects_a_law_just_past_its_detection_limit() -> Result<
     assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
     let clock = Clock::manual();
     let mut dec =
-        SpeculativeDecoder::builder(light(target.noisy_copy(0.3, 22), &clock), costly(nudged.clone(), &clock))
+        SpeculativeDecoder::builder(costly(nudged.clone(), &clock), light(target.noisy_copy(0.3, 22), &clock))
             .clock(clock)
             .k_policy(KPolicy::Adaptive { max: 4 })
             .sampling(cfg.clone())
@@ -414,7 +414,7 @@ fn sequences_with_grow_shrink_k_follow_the_target() -> Result<()> {
     let target = MarkovModel::random(6, 2, 21);
     let draft = target.noisy_copy(0.3, 22);
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(draft, target.clone())
+    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
         .k_policy(KPolicy::GrowShrink { start: 2, max: 4 })
         .sampling(cfg.clone())
         .seed(3001)

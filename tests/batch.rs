@@ -122,7 +122,7 @@ fn greedy_batches_equal_plain_decoding_of_each_sequence() -> Result<()> {
                     batch.step()?;
                 }
             }
-            ids.push(batch.add(Llama::new(draft.clone())?, Llama::new(target.clone())?, r.clone())?);
+            ids.push(batch.add(Llama::new(target.clone())?, Llama::new(draft.clone())?, r.clone())?);
         }
         let mut done = batch.run()?;
         assert_eq!(batch.active(), 0);
@@ -174,7 +174,7 @@ fn batch_counts(
             let seed = (n * configs.len() + i) as u64;
             let mut r = Request::new(PROMPT.to_vec()).sampling(cfg.clone().with_seed(seed)).max_new_tokens(LEN);
             r.k = *k;
-            batch.add(draft.clone(), target.clone(), r)?;
+            batch.add(target.clone(), draft.clone(), r)?;
         }
         for f in batch.run()? {
             let i = (f.id.0 as usize) % configs.len();
@@ -248,12 +248,12 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
     ));
     let mut batch = BatchDecoder::new(BatchPolicy::Fixed(2))?;
     let small = MarkovModel::random(4, 1, 3);
-    assert!(matches!(batch.add(small, target.clone(), Request::new(vec![1])), Err(Error::VocabMismatch { .. })));
-    assert!(matches!(batch.add(draft.clone(), target.clone(), Request::new(vec![])), Err(Error::EmptyPrompt)));
+    assert!(matches!(batch.add(target.clone(), small, Request::new(vec![1])), Err(Error::VocabMismatch { .. })));
+    assert!(matches!(batch.add(target.clone(), draft.clone(), Request::new(vec![])), Err(Error::EmptyPrompt)));
     let r = Request::new(vec![1]).stop_tokens([99]);
-    assert!(matches!(batch.add(draft.clone(), target.clone(), r), Err(Error::TokenOutOfRange { .. })));
+    assert!(matches!(batch.add(target.clone(), draft.clone(), r), Err(Error::TokenOutOfRange { .. })));
     assert!(matches!(
-        batch.add(draft.clone(), target.clone(), Request::new(vec![1]).k(65)),
+        batch.add(target.clone(), draft.clone(), Request::new(vec![1]).k(65)),
         Err(Error::InvalidSetting { .. })
     ));
     assert_eq!(batch.active(), 0);
@@ -268,7 +268,7 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
             let fails =
                 |inner: &MarkovModel, at| Faulty { inner: inner.clone(), calls: 0, fail_at: at, fault: Fault::Fails };
             let t = fails(&target, if i == 1 { fail_at } else { 0 });
-            batch.add(fails(&draft, 0), t, Request::new(p.to_vec()).max_new_tokens(15))?;
+            batch.add(t, fails(&draft, 0), Request::new(p.to_vec()).max_new_tokens(15))?;
         }
         while batch.active() > 0 {
             match batch.step() {
@@ -343,7 +343,7 @@ fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
     for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2)] {
         let mut batch = BatchDecoder::new(policy)?;
         for p in &prompts {
-            batch.add(draft.clone(), Swapping(target.clone()), Request::new(p.clone()).max_new_tokens(12))?;
+            batch.add(Swapping(target.clone()), draft.clone(), Request::new(p.clone()).max_new_tokens(12))?;
         }
         let mut done = batch.run()?;
         done.sort_by_key(|f| f.id);
@@ -384,7 +384,7 @@ fn batched(
         batch.inject_fault(fault);
     }
     for r in requests {
-        batch.add(draft.clone(), target.clone(), r.clone())?;
+        batch.add(target.clone(), draft.clone(), r.clone())?;
     }
     let mut done = batch.run()?;
     done.sort_by_key(|f| f.id);
@@ -458,7 +458,7 @@ fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
     // Nothing to time without a sequence; a sequence's first step would time it.
     batch.calibrate()?;
     assert_eq!(batch.costs().target_secs(1), None);
-    batch.add(draft.clone(), target.clone(), Request::new(vec![1, 2]).max_new_tokens(8))?;
+    batch.add(target.clone(), draft.clone(), Request::new(vec![1, 2]).max_new_tokens(8))?;
     batch.calibrate()?;
     let t1 = batch.costs().target_secs(1);
     assert!(t1.is_some(), "T(1) measured by the explicit call");
@@ -467,7 +467,7 @@ fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
     assert_eq!(done[0].generation.tokens.len(), 8);
     // Without the call, the first adaptive step measures it.
     let mut lazy = BatchDecoder::new(BatchPolicy::default())?;
-    lazy.add(draft, target, Request::new(vec![1, 2]).max_new_tokens(8))?;
+    lazy.add(target, draft, Request::new(vec![1, 2]).max_new_tokens(8))?;
     lazy.step()?;
     assert!(lazy.costs().target_secs(1).is_some());
     Ok(())
@@ -480,7 +480,7 @@ fn the_first_adaptive_step_drafts_one_token_a_sequence_to_time_the_draft() -> Re
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 9);
     let mut batch = BatchDecoder::new(BatchPolicy::default())?;
     for prompt in [vec![1, 2], vec![3]] {
-        batch.add(draft.clone(), target.clone(), Request::new(prompt).max_new_tokens(20))?;
+        batch.add(target.clone(), draft.clone(), Request::new(prompt).max_new_tokens(20))?;
     }
     assert!(!batch.costs().has_any_draft());
     let first = batch.step()?;

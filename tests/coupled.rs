@@ -57,7 +57,7 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
         ];
         for (how, policy, trees) in policies {
             let what = format!("{name}, sampled draft, {how}");
-            let mut spec = SpeculativeDecoder::builder(target.noisy_copy(0.3, 22), target.clone())
+            let mut spec = SpeculativeDecoder::builder(target.clone(), target.noisy_copy(0.3, 22))
                 .k_policy(policy)
                 .tree(trees)
                 .sampling(cfg.clone())
@@ -73,7 +73,7 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
             assert_eq!(spec.stats().tree_rounds > 0, wants_trees, "{what}: tree rounds");
         }
         let what = format!("{name}, point-mass draft");
-        let mut spec = SpeculativeDecoder::builder(PointDraft::new(target.noisy_copy(0.3, 23), 0.3), target.clone())
+        let mut spec = SpeculativeDecoder::builder(target.clone(), PointDraft::new(target.noisy_copy(0.3, 23), 0.3))
             .k(3)
             .sampling(cfg.clone())
             .max_new_tokens(new)
@@ -81,7 +81,7 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
         let (drafted, accepted) = assert_equal_runs(&what, &mut spec, &plain)?;
         assert!(drafted > 0 && accepted > 0, "{what}: {accepted} of {drafted} accepted");
         let what = format!("{name}, n-gram draft");
-        let mut spec = SpeculativeDecoder::builder(NGramDraft::new(6)?, target.clone())
+        let mut spec = SpeculativeDecoder::builder(target.clone(), NGramDraft::new(6)?)
             .k(4)
             .sampling(cfg)
             .max_new_tokens(new)
@@ -104,8 +104,8 @@ fn coupled_batches_equal_plain_output() -> Result<()> {
             let new = 10 + 3 * seed as usize;
             expected.push(plain_runs(&target, &cfg, new, 1)?.remove(0));
             batch.add(
-                draft.clone(),
                 target.clone(),
+                draft.clone(),
                 Request::new(PROMPT.to_vec()).sampling(cfg).max_new_tokens(new),
             )?;
         }
@@ -135,7 +135,7 @@ fn coupled_sequences_follow_the_target() -> Result<()> {
     let target = toy_target();
     for (name, cfg) in settings()? {
         let cfg = cfg.coupled();
-        let mut spec = SpeculativeDecoder::builder(target.noisy_copy(0.6, 25), target.clone())
+        let mut spec = SpeculativeDecoder::builder(target.clone(), target.noisy_copy(0.6, 25))
             .k(3)
             .sampling(cfg.clone())
             .seed(77)
@@ -209,7 +209,7 @@ mod real {
             (None, tree, Drafter::NGram(NGramDraft::new(vocab)?)),
         ];
         for (k, shape, draft) in drafters {
-            let builder = SpeculativeDecoder::builder(draft, Llama::new(target_w.clone())?)
+            let builder = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, draft)
                 .tree(shape)
                 .sampling(cfg.clone())
                 .max_new_tokens(new)

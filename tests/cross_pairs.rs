@@ -28,7 +28,7 @@ fn greedy_equals_plain(target: &str, method: Option<CrossMethod>, prompt: &str, 
     assert!(note.contains(&method.unwrap_or(CrossMethod::Intersection).to_string()), "{note}");
     let ids = tokenizer.encode(&tokenizer.chat_prompt(prompt))?;
     let plain = PlainDecoder::new(Llama::new(weights)?, SamplingConfig::greedy()).max_new_tokens(n).generate(&ids)?;
-    let mut dec = SpeculativeDecoder::builder(drafter, verifier).k(3).max_new_tokens(n).build()?;
+    let mut dec = SpeculativeDecoder::builder(verifier, drafter).k(3).max_new_tokens(n).build()?;
     let out = dec.generate(&ids)?;
     assert_eq!(tokenizer.decode(&out.tokens)?, tokenizer.decode(&plain.tokens)?, "{target}, {spec}");
     assert_eq!(out.tokens, plain.tokens, "{target}, {spec}");

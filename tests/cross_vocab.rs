@@ -77,7 +77,7 @@ fn greedy_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
             for policy in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Adaptive { max: 6 }] {
                 let draft = cross(MarkovModel::random(DRAFT.len(), 2, seed + 50), method)?;
                 let mut dec =
-                    SpeculativeDecoder::builder(draft, target.clone()).k_policy(policy).max_new_tokens(40).build()?;
+                    SpeculativeDecoder::builder(target.clone(), draft).k_policy(policy).max_new_tokens(40).build()?;
                 let out = dec.generate(&PROMPT)?;
                 assert_eq!(out.tokens, plain.tokens, "seed {seed}, {method}, {policy:?}");
             }
@@ -93,7 +93,7 @@ fn battery(method: CrossMethod, seed: u64) -> Result<()> {
     for (name, cfg) in settings()? {
         for k in [2, 4] {
             let draft = cross(MarkovModel::random(DRAFT.len(), 2, 22), method)?;
-            let mut dec = SpeculativeDecoder::builder(draft, target.clone())
+            let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(seed + k as u64)
@@ -166,7 +166,7 @@ fn the_battery_rejects_judging_a_draft_token_by_another_strings_probability() ->
     let target = MarkovModel::random(TARGET.len(), 2, 21);
     let cfg = SamplingConfig::new(1.0)?;
     let draft = WrongString(cross(MarkovModel::random(DRAFT.len(), 2, 22), CrossMethod::Intersection)?);
-    let mut dec = SpeculativeDecoder::builder(draft, target.clone())
+    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
         .tree(TreePolicy::Always(TreeBudget::new(1, 3, 3, 1)?))
         .sampling(cfg.clone())
         .seed(2700)
@@ -181,8 +181,8 @@ fn the_battery_rejects_judging_a_draft_token_by_another_strings_probability() ->
     );
     // The same drafter judged correctly fits.
     let mut fair = SpeculativeDecoder::builder(
-        cross(MarkovModel::random(DRAFT.len(), 2, 22), CrossMethod::Intersection)?,
         target.clone(),
+        cross(MarkovModel::random(DRAFT.len(), 2, 22), CrossMethod::Intersection)?,
     )
     .tree(TreePolicy::Always(TreeBudget::new(1, 3, 3, 1)?))
     .sampling(cfg.clone())
@@ -198,7 +198,7 @@ fn a_draft_that_cannot_spell_the_targets_text_is_a_typed_error() -> Result<()> {
     let target = MarkovModel::random(TARGET.len(), 2, 5);
     let no_c = ToyVocab::new(["a", "b", "ab"])?;
     let draft = CrossVocabDraft::new(MarkovModel::random(3, 1, 6), no_c, ToyVocab::new(TARGET)?, 6, CrossMethod::Text)?;
-    let mut dec = SpeculativeDecoder::builder(draft, target).k(3).max_new_tokens(8).build()?;
+    let mut dec = SpeculativeDecoder::builder(target, draft).k(3).max_new_tokens(8).build()?;
     match dec.generate(&PROMPT) {
         Err(Error::Tokenizer { message, .. }) => assert!(message.contains("cannot spell"), "{message}"),
         other => panic!("expected a tokenizer error, got {other:?}"),
@@ -216,7 +216,7 @@ fn batches_with_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
         for (i, p) in prompts.iter().enumerate() {
             let method = if i % 2 == 0 { CrossMethod::Text } else { CrossMethod::Intersection };
             let draft = cross(MarkovModel::random(DRAFT.len(), 2, 32 + i as u64), method)?;
-            let id = batch.add(draft, target.clone(), Request::new(p.clone()).max_new_tokens(20))?;
+            let id = batch.add(target.clone(), draft, Request::new(p.clone()).max_new_tokens(20))?;
             let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(20).generate(p)?;
             want.push((id, plain.tokens));
         }
@@ -242,7 +242,7 @@ fn a_failing_draft_model_leaves_the_drafter_usable() -> Result<()> {
             let faulty = Faulty { inner, calls: 0, fail_at, fault: FaultKind::Fails };
             let (d, t) = vocabs()?;
             let draft = CrossVocabDraft::new(faulty, d, t, TARGET.len(), method)?;
-            let mut dec = SpeculativeDecoder::builder(draft, target.clone()).k(3).max_new_tokens(30).build()?;
+            let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).max_new_tokens(30).build()?;
             assert!(dec.generate(&PROMPT).is_err(), "{method}, call {fail_at} fails");
             let out = dec.generate(&PROMPT)?;
             assert_eq!(out.tokens, plain.tokens, "{method}, after a failure at call {fail_at}");
@@ -286,7 +286,7 @@ fn a_draft_whose_context_fills_first_leaves_the_target_decoding_alone() -> Resul
         let (d, t) = vocabs()?;
         let draft =
             CrossVocabDraft::new(Short(MarkovModel::random(DRAFT.len(), 2, 13), 24), d, t, TARGET.len(), method)?;
-        let mut dec = SpeculativeDecoder::builder(draft, target.clone()).k(3).max_new_tokens(40).build()?;
+        let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).max_new_tokens(40).build()?;
         let out = dec.generate(&PROMPT)?;
         assert_eq!(out.tokens, plain.tokens, "{method}");
         assert!(out.stats.drafted > 0, "{method}: drafted before the draft's context filled");
@@ -351,7 +351,7 @@ proptest::proptest! {
         let faulty = Faulty { inner: MarkovModel::random(dv.len(), 2, seed + 1), calls: 0, fail_at, fault: FaultKind::Fails };
         let target_len = tv.len();
         let draft = CrossVocabDraft::new(faulty, dv, tv, target_len, method).unwrap();
-        let mut dec = SpeculativeDecoder::builder(draft, target).k(k).max_new_tokens(24).build().unwrap();
+        let mut dec = SpeculativeDecoder::builder(target, draft).k(k).max_new_tokens(24).build().unwrap();
         for _ in 0..2 {
             if let Ok(out) = dec.generate(&prompt) {
                 proptest::prop_assert_eq!(&out.tokens, &plain.tokens);

@@ -15,9 +15,9 @@ fn greedy_speculative_equals_plain_greedy() -> Result<()> {
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&prompt)?;
         for k in [1, 3, 5, 8] {
             let mut spec =
-                SpeculativeDecoder::builder(draft.clone(), target.clone()).k(k).max_new_tokens(40).build()?;
+                SpeculativeDecoder::builder(target.clone(), draft.clone()).k(k).max_new_tokens(40).build()?;
             assert_eq!(spec.generate(&prompt)?.tokens, plain.tokens, "seed {seed}, k {k}");
-            let mut point = SpeculativeDecoder::builder(PointDraft::new(draft.clone(), 0.2), target.clone())
+            let mut point = SpeculativeDecoder::builder(target.clone(), PointDraft::new(draft.clone(), 0.2))
                 .k(k)
                 .max_new_tokens(40)
                 .build()?;
@@ -47,7 +47,7 @@ fn same_seed_same_tokens() -> Result<()> {
     let cfg = SamplingConfig::new(0.9)?.with_top_p(0.9)?;
     let run = |seed| -> Result<Vec<Vec<u32>>> {
         // A fixed k: the default adaptive k follows timings, and sampled draws follow k.
-        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone())
+        let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone())
             .k(4)
             .sampling(cfg.clone())
             .seed(seed)
@@ -67,7 +67,7 @@ fn same_seed_same_tokens() -> Result<()> {
 fn a_seed_holds_whether_set_before_or_after_the_sampling_settings() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(32, 0.3, 5);
     let cfg = SamplingConfig::new(0.9)?.with_seed(1);
-    let builder = || SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).max_new_tokens(50);
+    let builder = || SpeculativeDecoder::builder(target.clone(), draft.clone()).k(4).max_new_tokens(50);
     let after = builder().sampling(cfg.clone()).seed(9).build()?.generate(&[1, 2])?.tokens;
     let before = builder().seed(9).sampling(cfg.clone()).build()?.generate(&[1, 2])?.tokens;
     let own = builder().sampling(cfg.with_seed(9)).build()?.generate(&[1, 2])?.tokens;
@@ -81,7 +81,7 @@ fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
     let greedy = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[3])?;
     let stop = greedy.tokens[10];
     let first = greedy.tokens.iter().position(|&t| t == stop).unwrap_or(10);
-    let mut dec = SpeculativeDecoder::builder(draft, target).k(5).max_new_tokens(30).stop_tokens([stop]).build()?;
+    let mut dec = SpeculativeDecoder::builder(target, draft).k(5).max_new_tokens(30).stop_tokens([stop]).build()?;
     let mut streamed = Vec::new();
     let out = dec.generate_with(&[3], |toks| streamed.extend_from_slice(toks))?;
     assert_eq!(out.tokens, streamed);
@@ -94,7 +94,7 @@ fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
 fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 8);
     for n in [0, 1, 2, 5, 13] {
-        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(4).max_new_tokens(n).build()?;
+        let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone()).k(4).max_new_tokens(n).build()?;
         let out = dec.generate(&[1])?;
         assert_eq!(out.tokens.len(), n);
         assert_eq!(out.finish, FinishReason::Length);
@@ -105,7 +105,7 @@ fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
 #[test]
 fn step_by_step_matches_generate() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.3, 2);
-    let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone()).k(3).max_new_tokens(25).build()?;
+    let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone()).k(3).max_new_tokens(25).build()?;
     dec.start(&[4, 5])?;
     while dec.finish_reason().is_none() {
         assert!(!dec.step()?.is_empty());

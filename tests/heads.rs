@@ -127,7 +127,7 @@ fn greedy_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
         for (k, tree) in [(1, shapes[0]), (4, shapes[0]), (4, shapes[1]), (4, shapes[2])] {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(&spec, &files, &mut target, &tok, &Device::Cpu)?;
-            let mut dec = SpeculativeDecoder::builder(drafter, target).k(k).tree(tree).max_new_tokens(40).build()?;
+            let mut dec = SpeculativeDecoder::builder(target, drafter).k(k).tree(tree).max_new_tokens(40).build()?;
             // Twice: the second generation starts over on a target that has recorded before.
             for _ in 0..2 {
                 let out = dec.generate(&prompt)?;
@@ -155,7 +155,7 @@ fn coupled_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
         for tree in shapes {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(&spec, &files, &mut target, &tok, &Device::Cpu)?;
-            let mut dec = SpeculativeDecoder::builder(drafter, target)
+            let mut dec = SpeculativeDecoder::builder(target, drafter)
                 .k(4)
                 .tree(tree)
                 .sampling(cfg.clone())
@@ -287,7 +287,7 @@ fn sampled_speculation_with_heads_follows_the_target() -> Result<()> {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(spec, &files, &mut target, &tok, &Device::Cpu)?;
             let seed = 1000 + 10 * i as u64 + j as u64;
-            let mut dec = SpeculativeDecoder::builder(drafter, target)
+            let mut dec = SpeculativeDecoder::builder(target, drafter)
                 .k(3)
                 .tree(tree)
                 .sampling(cfg.clone().with_seed(seed))
@@ -363,7 +363,7 @@ fn head_power_a_target_nudged_just_past_the_detection_limit_is_rejected() -> Res
     let spec = &trained_heads(&files, "power", 60)?[0];
     let mut target = Llama::new(w.clone())?;
     let drafter = Drafter::build(spec, &files, &mut target, &tok, &Device::Cpu)?;
-    let mut dec = SpeculativeDecoder::builder(drafter, Nudged(target, nats))
+    let mut dec = SpeculativeDecoder::builder(Nudged(target, nats), drafter)
         .k(3)
         .sampling(cfg.with_seed(6))
         .max_new_tokens(4)
@@ -458,7 +458,7 @@ fn a_head_without_the_targets_states_is_a_typed_error_every_time() -> Result<()>
     ));
     // A log no target writes: the head has nothing to read.
     let log = Features::from_rows(w.config().hidden_size, Vec::new());
-    let mut dec = SpeculativeDecoder::builder(EagleDraft::new(head, log)?, Llama::new(w.clone())?)
+    let mut dec = SpeculativeDecoder::builder(Llama::new(w.clone())?, EagleDraft::new(head, log)?)
         .k(3)
         .max_new_tokens(8)
         .build()?;

@@ -57,7 +57,7 @@ fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
             for (min_n, max_n) in [(1, 4), (2, 3), (1, 16)] {
                 let draft = NGramDraft::with_range(vocab, min_n, max_n)?;
                 let mut dec =
-                    SpeculativeDecoder::builder(draft, target.clone()).k_policy(policy).max_new_tokens(60).build()?;
+                    SpeculativeDecoder::builder(target.clone(), draft).k_policy(policy).max_new_tokens(60).build()?;
                 let out = dec.generate(&prompt)?;
                 assert_eq!(out.tokens, plain.tokens, "seed {seed}, {policy:?}, n {min_n}..={max_n}");
             }
@@ -70,7 +70,7 @@ fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
 fn greedy_decoding_that_loops_is_drafted_almost_entirely() -> Result<()> {
     // A greedy Markov chain falls into a cycle, which the drafter then predicts perfectly.
     let target = MarkovModel::random(16, 1, 3);
-    let mut dec = SpeculativeDecoder::builder(NGramDraft::new(16)?, target).k(8).max_new_tokens(400).build()?;
+    let mut dec = SpeculativeDecoder::builder(target, NGramDraft::new(16)?).k(8).max_new_tokens(400).build()?;
     let stats = dec.generate(&[1, 2])?.stats;
     assert!(stats.tokens_per_target_call() > 6.0, "{:.2} tokens per call", stats.tokens_per_target_call());
     Ok(())
@@ -88,7 +88,7 @@ fn sequences_with_ngram_drafts_follow_the_target() -> Result<()> {
     for (name, cfg) in settings {
         for k in [1, 2, 4, 7] {
             // The drafter's own block lengths (as long as its match): the law must hold too.
-            let mut dec = SpeculativeDecoder::builder(NGramDraft::new(6)?, target.clone())
+            let mut dec = SpeculativeDecoder::builder(target.clone(), NGramDraft::new(6)?)
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(1000 + k as u64)
@@ -98,7 +98,7 @@ fn sequences_with_ngram_drafts_follow_the_target() -> Result<()> {
                 check_windows(&format!("n-gram blocks, {name}, k = {k}"), &mut dec, &target, &cfg, &PROMPT, k, 60_000)?;
             assert_eq!(own.drafted, own.draft_calls, "{name}, k = {k}: the drafter proposed nothing");
             // Every depth up to k: blocks of the decoder's length.
-            let mut dec = SpeculativeDecoder::builder(EveryDepth(NGramDraft::new(6)?), target.clone())
+            let mut dec = SpeculativeDecoder::builder(target.clone(), EveryDepth(NGramDraft::new(6)?))
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(2000 + k as u64)
@@ -130,7 +130,7 @@ fn greedy_with_lookup_or_model_drafts_equals_plain_greedy() -> Result<()> {
         for policy in [KPolicy::Fixed(1), KPolicy::Fixed(5), KPolicy::Adaptive { max: 6 }] {
             let draft = LookupOr::new(target.noisy_copy(0.5, seed + 100))?;
             let mut dec =
-                SpeculativeDecoder::builder(draft, target.clone()).k_policy(policy).max_new_tokens(60).build()?;
+                SpeculativeDecoder::builder(target.clone(), draft).k_policy(policy).max_new_tokens(60).build()?;
             let out = dec.generate(&prompt)?;
             assert_eq!(out.tokens, plain.tokens, "seed {seed}, {policy:?}");
         }
@@ -151,7 +151,7 @@ fn sequences_with_lookup_or_model_drafts_follow_the_target() -> Result<()> {
     for (name, cfg) in settings()? {
         for k in [2, 5] {
             let draft = LookupOr::new(target.noisy_copy(0.6, 22))?;
-            let mut dec = SpeculativeDecoder::builder(draft, target.clone())
+            let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(2100 + k as u64)

@@ -125,7 +125,7 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
             ("0.5B re-quantized to Q4_1 (model:PATH@q4_1), k = 3", requantized_draft(&target, &tok)?, Some(3)),
         ];
         for (what, drafter, k) in drafters {
-            let mut builder = SpeculativeDecoder::builder(drafter, Llama::new(target.clone())?)
+            let mut builder = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
                 .max_new_tokens(new_tokens)
                 .stop_tokens(stop.clone());
             if let Some(k) = k {

@@ -159,7 +159,7 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
             .stop_tokens(stop.clone())
             .generate(&ids)?;
         for k in [1, 3, 5] {
-            let mut spec = SpeculativeDecoder::builder(Llama::new(draft_w.clone())?, Llama::new(target_w.clone())?)
+            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
                 .k(k)
                 .max_new_tokens(new_tokens)
                 .stop_tokens(stop.clone())
@@ -177,7 +177,7 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
                 "{name}, {} tree, prompt {prompt:?}",
                 if matches!(draft, Drafter::NGram(_)) { "n-gram" } else { "model" }
             );
-            let mut spec = SpeculativeDecoder::builder(draft, Llama::new(target_w.clone())?)
+            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, draft)
                 .tree(tree)
                 .max_new_tokens(new_tokens)
                 .stop_tokens(stop.clone())
@@ -232,7 +232,7 @@ fn seeded_sampling_is_reproducible_on_real_weights() -> Result<()> {
     let cfg = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(17);
     let run = || -> Result<Vec<u32>> {
         let mut dec =
-            SpeculativeDecoder::builder(Llama::with_layers(w.clone(), vec![0, 1, 2])?, Llama::new(w.clone())?)
+            SpeculativeDecoder::builder(Llama::new(w.clone())?, Llama::with_layers(w.clone(), vec![0, 1, 2])?)
                 .k(3)
                 .sampling(cfg.clone())
                 .max_new_tokens(50)
@@ -281,7 +281,7 @@ fn smollm2_greedy_speculation_with_trained_heads_equals_plain() -> Result<()> {
         ] {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(&spec, &files, &mut target, &tok, &device())?;
-            let mut dec = SpeculativeDecoder::builder(drafter, target).k(4).tree(tree).max_new_tokens(32).build()?;
+            let mut dec = SpeculativeDecoder::builder(target, drafter).k(4).tree(tree).max_new_tokens(32).build()?;
             let mut plain = PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(32);
             for p in prompts {
                 let ids = prompt_ids(&tok, &tok.chat_prompt(p));

@@ -223,7 +223,7 @@ fn decoder_follows_the_target<D: DraftModel + Clone>(
 ) -> Result<()> {
     let (target, _) = pair();
     for (i, (name, cfg)) in settings()?.into_iter().enumerate() {
-        let mut dec = SpeculativeDecoder::builder(draft.clone(), target.clone())
+        let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone())
             .tree(TreePolicy::Always(budget))
             .sampling(cfg.clone().with_seed(seed + i as u64))
             .max_new_tokens(7)
@@ -255,7 +255,7 @@ fn the_decoder_tree_battery_rejects_a_law_just_past_its_detection_limit() -> Res
     let cfg = SamplingConfig::new(1.0)?;
     let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
     assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
-    let mut dec = SpeculativeDecoder::builder(draft, nudged.clone())
+    let mut dec = SpeculativeDecoder::builder(nudged.clone(), draft)
         .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8, 2)?))
         .sampling(cfg.clone().with_seed(120))
         .max_new_tokens(7)
@@ -306,7 +306,7 @@ impl specdec::TargetModel for MaskIgnored {
 fn decoder_power_a_tree_call_without_its_mask_is_rejected() -> Result<()> {
     let (target, draft) = pair();
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(draft, MaskIgnored(target.clone()))
+    let mut dec = SpeculativeDecoder::builder(MaskIgnored(target.clone()), draft)
         .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8, 1)?))
         .sampling(cfg.clone().with_seed(99))
         .max_new_tokens(LEN)
@@ -366,7 +366,7 @@ impl DraftModel for KeepsLikelyDraws {
 fn decoder_power_a_draw_kept_by_its_own_value_is_rejected() -> Result<()> {
     let (target, draft) = pair();
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(KeepsLikelyDraws(draft), target.clone())
+    let mut dec = SpeculativeDecoder::builder(target.clone(), KeepsLikelyDraws(draft))
         .tree(TreePolicy::Always(TreeBudget::new(1, 1, 1, 1)?))
         .sampling(cfg.clone().with_seed(98))
         .max_new_tokens(LEN)

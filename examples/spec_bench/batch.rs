@@ -142,8 +142,8 @@ fn measure(
     for i in 0..b {
         let prompt = plan.prompts[i % plan.prompts.len()].clone();
         batch.add(
-            Llama::new(draft.clone())?,
             Llama::new(target.clone())?,
+            Llama::new(draft.clone())?,
             Request::new(prompt).max_new_tokens(plan.tokens),
         )?;
     }
@@ -171,7 +171,7 @@ fn measure(
 fn single_sequence(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -> Result<[f64; 4]> {
     let mut plain =
         PlainDecoder::new(Llama::new(target.clone())?, SamplingConfig::greedy()).max_new_tokens(plan.tokens);
-    let mut spec = SpeculativeDecoder::builder(Llama::new(draft.clone())?, Llama::new(target.clone())?)
+    let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, Llama::new(draft.clone())?)
         .k_policy(KPolicy::default())
         .max_new_tokens(plan.tokens)
         .build()?;

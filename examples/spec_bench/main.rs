@@ -209,7 +209,7 @@ fn main() -> Result<()> {
                 if let Some(note) = drafter.note() {
                     eprintln!("  {spec}: {note}");
                 }
-                let mut dec = SpeculativeDecoder::builder(drafter, verifier)
+                let mut dec = SpeculativeDecoder::builder(verifier, drafter)
                     .k_policy(k)
                     .tree(tree)
                     .sampling(sampling.clone())

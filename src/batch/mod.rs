@@ -118,9 +118,9 @@ pub const MAX_ROWS: usize = 128;
 /// use specdec::{toy::{MarkovModel, ToyPair}, SamplingConfig};
 /// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
 /// let mut batch = BatchDecoder::new(BatchPolicy::Fixed(3))?;
-/// batch.add(draft.clone(), target.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
+/// batch.add(target.clone(), draft.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
 /// let sampled = SamplingConfig::new(0.8)?.with_seed(5);
-/// batch.add(draft, target, Request::new(vec![3]).sampling(sampled).max_new_tokens(10))?;
+/// batch.add(target, draft, Request::new(vec![3]).sampling(sampled).max_new_tokens(10))?;
 /// let done = batch.run()?;
 /// assert_eq!(done.len(), 2);
 /// # Ok::<(), specdec::Error>(())
@@ -184,20 +184,21 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         self.fault = Injected::new(Some(fault));
     }
 
-    /// Adds a sequence that generates `request` with its own `draft` and `target` (for
+    /// Adds a sequence that generates `request` with its own `target` and `draft` (target
+    /// first, as [`SpeculativeDecoder::builder`](crate::SpeculativeDecoder::builder); for
     /// [`Llama`](crate::Llama), instances over the same shared weights as the other
     /// sequences', so that one pass serves them all). Both are reset and fed the prompt.
     ///
     /// # Errors
     /// [`Error::VocabMismatch`], bad prompts and stop tokens, model failures (the batch is
     /// unchanged).
-    pub fn add(&mut self, draft: D, target: T, request: Request) -> Result<SeqId> {
+    pub fn add(&mut self, target: T, draft: D, request: Request) -> Result<SeqId> {
         let id = SeqId(self.next_id);
         // A k of 0 is the sequence's own plain steps.
         if let Some(k) = request.k.filter(|&k| k > 0) {
             BatchPolicy::Fixed(k).check()?;
         }
-        let seq = Member::start(id, draft, target, request, self.pool.alpha(), self.clock.clone())?;
+        let seq = Member::start(id, target, draft, request, self.pool.alpha(), self.clock.clone())?;
         self.next_id += 1;
         self.seqs.push(seq);
         self.retire();

@@ -25,8 +25,8 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
     /// Checks the request, resets both models and feeds the target all but the prompt's last
     /// token. The draft catches up on the prompt (in one batched call with the others) the first
     /// time it drafts, so a sequence that never drafts never feeds it.
-    pub fn start(id: SeqId, draft: D, target: T, r: Request, prior: f64, clock: Clock) -> Result<Self> {
-        let mut seq = Sequence::new(draft, target, r.sampling, r.stop, clock);
+    pub fn start(id: SeqId, target: T, draft: D, r: Request, prior: f64, clock: Clock) -> Result<Self> {
+        let mut seq = Sequence::new(target, draft, r.sampling, r.stop, clock);
         seq.check()?;
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
         seq.start(&r.prompt, false)?;

@@ -100,7 +100,7 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
             Some(seed) => self.sampling.with_seed(seed),
             None => self.sampling,
         };
-        let seq = Sequence::new(self.draft, self.target, sampling, self.stop, self.clock);
+        let seq = Sequence::new(self.target, self.draft, sampling, self.stop, self.clock);
         seq.check()?;
         Ok(SpeculativeDecoder { seq, k, shape: ShapeChooser::new(self.tree), ready: false })
     }
@@ -132,7 +132,8 @@ pub struct SpeculativeDecoder<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
-    /// Starts a builder for `draft` and `target` (in that order, as everywhere in the crate)
+    /// Starts a builder for `target`, the model whose distribution the output follows, and
+    /// `draft`, the model that proposes (target first, as everywhere the crate takes both),
     /// with adaptive k (up to 8, down to plain decoding when drafting does not pay), greedy
     /// sampling, 128 new tokens and no stop token.
     ///
@@ -140,11 +141,11 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// ```
     /// use specdec::{toy::{MarkovModel, ToyPair}, SpeculativeDecoder};
     /// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
-    /// let mut dec = SpeculativeDecoder::builder(draft, target).k(3).max_new_tokens(20).build()?;
+    /// let mut dec = SpeculativeDecoder::builder(target, draft).k(3).max_new_tokens(20).build()?;
     /// assert_eq!(dec.generate(&[1, 2])?.tokens.len(), 20);
     /// # Ok::<(), specdec::Error>(())
     /// ```
-    pub fn builder(draft: D, target: T) -> DecoderBuilder<D, T> {
+    pub fn builder(target: T, draft: D) -> DecoderBuilder<D, T> {
         DecoderBuilder {
             draft,
             target,

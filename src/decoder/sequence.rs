@@ -41,8 +41,8 @@ pub(crate) struct Sequence<D, T> {
 }
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
-    /// A sequence of `draft` and `target` with these settings; see [`check`](Self::check).
-    pub fn new(draft: D, target: T, sampling: SamplingConfig, stop: StopRule, clock: Clock) -> Self {
+    /// A sequence of `target` and `draft` with these settings; see [`check`](Self::check).
+    pub fn new(target: T, draft: D, sampling: SamplingConfig, stop: StopRule, clock: Clock) -> Self {
         Self {
             draft,
             target,
