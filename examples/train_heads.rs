@@ -94,7 +94,7 @@ fn main() -> Result<()> {
     let device = Device::Cpu;
     let files = ModelFiles::resolve(&args.target)?;
     let (weights, tok) = files.load(WeightFormat::F32, &device).with_context(|| format!("loading {}", args.target))?;
-    let parts = TargetParts::read(&files, &device)?;
+    let parts = TargetParts::from_weights(&weights, &device)?;
     let started = Instant::now();
     let samples = match &args.data {
         Some(path) if path.is_file() => with_prompt_lens(load_samples(path)?, &args, &tok)?,

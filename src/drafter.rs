@@ -136,11 +136,11 @@ impl Drafter {
         let weights = target.weights().clone();
         let mut drafter = match spec {
             #[cfg(feature = "heads")]
-            DrafterSpec::Eagle(p) => Self::Head(HeadDraft::eagle(p, EagleVersion::One, files, target, device)?),
+            DrafterSpec::Eagle(p) => Self::Head(HeadDraft::eagle(p, EagleVersion::One, target, device)?),
             #[cfg(feature = "heads")]
-            DrafterSpec::Eagle3(p) => Self::Head(HeadDraft::eagle(p, EagleVersion::Three, files, target, device)?),
+            DrafterSpec::Eagle3(p) => Self::Head(HeadDraft::eagle(p, EagleVersion::Three, target, device)?),
             #[cfg(feature = "heads")]
-            DrafterSpec::Medusa(p) => Self::Head(HeadDraft::medusa(p, files, target, device)?),
+            DrafterSpec::Medusa(p) => Self::Head(HeadDraft::medusa(p, target, device)?),
             #[cfg(not(feature = "heads"))]
             DrafterSpec::Eagle(_) | DrafterSpec::Eagle3(_) | DrafterSpec::Medusa(_) => {
                 return Err(Error::setting("drafter", spec, "a drafter other than a head: built without `heads`"));

@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use common::heads::{temp_dir, trained_heads, write_eagle1, write_eagle3, write_medusa};
-use common::models::{model_path, STORIES};
+use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::heads::{EagleDraft, EagleHead, EagleVersion, HeadFiles, TargetParts};
 use specdec::models::Features;
 use specdec::{
-    DraftModel, Drafter, DrafterSpec, Llama, ModelFiles, PlainDecoder, Proposal, Result, SamplingConfig,
+    DraftModel, Drafter, DrafterSpec, Engine, Llama, ModelFiles, PlainDecoder, Proposal, Result, SamplingConfig,
     SpeculativeDecoder, TargetModel, TreeBudget, TreePolicy, WeightFormat,
 };
 
@@ -25,12 +25,37 @@ fn argmax(row: &[f32]) -> u32 {
     specdec::sampling::argmax(row).expect("row")
 }
 
+/// A head borrows its target's embedding and output head from the loaded weights: the native
+/// engine's repacked blocks decode to exactly what candle dequantizes from the file, for f32
+/// and for quantized (Q4_1, tied) weights.
+#[test]
+fn a_head_borrows_the_same_matrices_from_either_engine() -> Result<()> {
+    for name in [STORIES, SMOLLM2] {
+        let Some(path) = model_path(name) else { continue };
+        let files = ModelFiles::Gguf(path);
+        for format in [WeightFormat::F32, WeightFormat::Stored] {
+            let parts = |engine| -> Result<TargetParts> {
+                let (w, _) = files.load_with(format, &Device::Cpu, engine)?;
+                TargetParts::from_weights(&w, &Device::Cpu)
+            };
+            let (native, candle) = (parts(Engine::Native)?, parts(Engine::Candle)?);
+            let c = &native.config;
+            assert_eq!(native.embed.dims(), [c.vocab_size, c.hidden_size]);
+            for (a, b) in [(&native.embed, &candle.embed), (&native.output, &candle.output)] {
+                let gap = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                assert_eq!(gap, 0.0, "{name}, {format:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn eagle_drafts_what_its_unrolled_pass_computes() -> Result<()> {
     let Some(path) = model_path(STORIES) else { return Ok(()) };
     let files = ModelFiles::Gguf(path);
     let (w, _) = files.load(WeightFormat::F32, &Device::Cpu)?;
-    let parts = TargetParts::read(&files, &Device::Cpu)?;
+    let parts = TargetParts::from_weights(&w, &Device::Cpu)?;
     for version in [EagleVersion::One, EagleVersion::Three] {
         let dir = temp_dir(&format!("unroll-{version:?}"));
         match version {
@@ -77,7 +102,7 @@ fn stories() -> Result<Option<(ModelFiles, Arc<specdec::LlamaWeights>, TargetPar
     let Some(path) = model_path(STORIES) else { return Ok(None) };
     let files = ModelFiles::Gguf(path);
     let (w, _) = files.load(WeightFormat::F32, &Device::Cpu)?;
-    let parts = TargetParts::read(&files, &Device::Cpu)?;
+    let parts = TargetParts::from_weights(&w, &Device::Cpu)?;
     Ok(Some((files, w, parts)))
 }
 

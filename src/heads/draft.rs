@@ -6,7 +6,6 @@ use candle_core::Device;
 
 use super::{EagleDraft, EagleHead, EagleVersion, HeadFiles, MedusaDraft, MedusaHead, TargetParts};
 use crate::error::Result;
-use crate::loading::ModelFiles;
 use crate::model::{DraftModel, Proposal, TokenModel};
 use crate::models::{Llama, Tap};
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -21,21 +20,16 @@ pub enum HeadDraft {
 }
 
 impl HeadDraft {
-    /// The EAGLE head (`version` 1/2 or 3) in the folder or file `path`, for `target` loaded
-    /// from `files`. The target is set to record the hidden states the head reads (see
+    /// The EAGLE head (`version` 1/2 or 3) in the folder or file `path`, for `target` (whose
+    /// loaded embedding and output head it borrows). The target is set to record the hidden states the head reads (see
     /// [`Llama::record_hidden`]), which empties its context.
     ///
     /// # Errors
     /// Loading failures; [`Error::HeadMismatch`](crate::Error::HeadMismatch) for a head made
     /// for another model.
-    pub fn eagle(
-        path: &str,
-        version: EagleVersion,
-        files: &ModelFiles,
-        target: &mut Llama,
-        device: &Device,
-    ) -> Result<Self> {
-        let head = EagleHead::load(HeadFiles::open(path, device)?, version, &TargetParts::read(files, device)?, true)?;
+    pub fn eagle(path: &str, version: EagleVersion, target: &mut Llama, device: &Device) -> Result<Self> {
+        let parts = TargetParts::from_weights(target.weights(), device)?;
+        let head = EagleHead::load(HeadFiles::open(path, device)?, version, &parts, true)?;
         let features = target.record_hidden(head.taps().to_vec())?;
         Ok(Self::Eagle(EagleDraft::new(Arc::new(head), features)?))
     }
@@ -44,8 +38,9 @@ impl HeadDraft {
     ///
     /// # Errors
     /// As [`eagle`](Self::eagle).
-    pub fn medusa(path: &str, files: &ModelFiles, target: &mut Llama, device: &Device) -> Result<Self> {
-        let head = MedusaHead::load(HeadFiles::open(path, device)?, &TargetParts::read(files, device)?, true)?;
+    pub fn medusa(path: &str, target: &mut Llama, device: &Device) -> Result<Self> {
+        let parts = TargetParts::from_weights(target.weights(), device)?;
+        let head = MedusaHead::load(HeadFiles::open(path, device)?, &parts, true)?;
         Ok(Self::Medusa(MedusaDraft::new(Arc::new(head), target.record_hidden(vec![Tap::Final])?)?))
     }
 }

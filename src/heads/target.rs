@@ -4,10 +4,8 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::loading::{GgufFile, ModelFiles, SafetensorsDir};
-use crate::models::tensors::TensorSource;
-use crate::models::Linear;
-use crate::models::LlamaConfig;
+use crate::models::engine::TokenMatrices;
+use crate::models::{Linear, LlamaConfig, LlamaWeights};
 
 /// The target's token embedding `(vocab, hidden)` and output head, as a head uses them.
 #[derive(Debug, Clone)]
@@ -21,30 +19,22 @@ pub struct TargetParts {
 }
 
 impl TargetParts {
-    /// Reads them from the target's files onto `device`.
+    /// Takes them from the target's loaded `weights` (as they hold them: a target loaded
+    /// re-quantized lends its re-quantized head), in f32 on `device`.
     ///
     /// # Errors
-    /// Loading failures, [`Error::MissingTensor`].
-    pub fn read(files: &ModelFiles, device: &Device) -> Result<Self> {
-        let (mut source, config): (Box<dyn TensorSource>, LlamaConfig) = match files {
-            ModelFiles::Gguf(path) => {
-                let file = GgufFile::open(path)?;
-                let config = file.config()?;
-                (Box::new(file), config)
-            }
-            ModelFiles::HfDir(dir) => {
-                let dir = SafetensorsDir::open(dir)?;
-                let config = dir.config().clone();
-                (Box::new(dir), config)
-            }
-        };
-        let tied = !source.has("output.weight");
-        let mut read = |name: &str| -> Result<Tensor> { Ok(source.qtensor(name, device)?.dequantize(device)?) };
-        let embed = read("token_embd.weight")?;
-        let output = if tied { embed.clone() } else { read("output.weight")? };
-        for (name, t) in [("token_embd.weight", &embed), ("output.weight", &output)] {
+    /// Backend failures; [`Error::HeadMismatch`] for matrices that are not `(vocab, hidden)`.
+    pub fn from_weights(weights: &LlamaWeights, device: &Device) -> Result<Self> {
+        let config = weights.config().clone();
+        let TokenMatrices { embed, output } = weights.token_matrices(device)?;
+        let output = output.unwrap_or_else(|| embed.clone());
+        for (name, t) in [("token embedding", &embed), ("output head", &output)] {
             if t.dims() != [config.vocab_size, config.hidden_size] {
-                return Err(Error::load(files.name(), format!("{name} has shape {:?}", t.dims())));
+                return Err(Error::HeadMismatch {
+                    what: format!("the target's {name}"),
+                    head: format!("{:?}", [config.vocab_size, config.hidden_size]),
+                    target: format!("{:?}", t.dims()),
+                });
             }
         }
         Ok(Self { config, embed, output })

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, Cache, Engine, Pass, Tap};
+use crate::models::engine::{Backend, Cache, Engine, Pass, Tap, TokenMatrices};
 use crate::models::format::WeightFormat;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
@@ -45,6 +45,8 @@ pub struct CandleWeights {
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
+    /// Whether the output head is the embedding.
+    tied: bool,
     /// RoPE cosines and sines of the global layers, then, for a model with a sliding window,
     /// of the sliding-window ones.
     cos: Vec<Tensor>,
@@ -81,6 +83,7 @@ impl CandleWeights {
         }
         let outer = OuterTensors::read(source, c, device)?;
         let embed = outer.embed.dequantize(device)?;
+        let tied = outer.lm_head.is_none();
         let lm_head = Linear::new(outer.lm_head.unwrap_or(outer.embed), format, device)?;
         let kinds = [false, true].into_iter().take(1 + usize::from(c.sliding_window.is_some()));
         let angles: Vec<Tensor> = kinds
@@ -93,6 +96,7 @@ impl CandleWeights {
             blocks,
             norm: vector(outer.norm)?,
             lm_head,
+            tied,
             cos: angles.iter().map(Tensor::cos).collect::<candle_core::Result<_>>()?,
             sin: angles.iter().map(Tensor::sin).collect::<candle_core::Result<_>>()?,
         })
@@ -122,6 +126,15 @@ impl Backend for CandleWeights {
 
     fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// The embedding as loaded, and the output head dequantized when it is the model's own.
+    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
+        let output = match self.tied {
+            true => None,
+            false => Some(self.lm_head.to_f32()?.to_device(device)?),
+        };
+        Ok(TokenMatrices { embed: self.embed.to_device(device)?, output })
     }
 
     /// One [`KvCache`] per block.

@@ -6,6 +6,8 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use candle_core::{Device, Tensor};
+
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
 use crate::tree::TreeShape;
@@ -24,6 +26,16 @@ pub enum Engine {
     Native,
     /// candle's ops, on any device.
     Candle,
+}
+
+/// A model's token embedding and output head, `(vocab, hidden)` each, in f32
+/// ([`Backend::token_matrices`]).
+#[derive(Debug, Clone)]
+pub struct TokenMatrices {
+    /// The token embedding (unscaled, for the models that scale it at lookup).
+    pub embed: Tensor,
+    /// The output head, `None` when it is tied to the embedding.
+    pub output: Option<Tensor>,
 }
 
 /// A llama-family forward pass over weights the backend owns (read-only, shared by every model
@@ -130,6 +142,13 @@ pub trait Backend: Debug + Send + Sync + 'static {
         None
     }
 
+    /// The token embedding and output head as the weights hold them, in f32 on `device`:
+    /// what a draft head borrows from its target.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices>;
+
     /// Limits the logits of the calls on `cache` to the vocabulary entries `ids` (each below
     /// the vocabulary size, checked by the caller): every other entry of a row is −∞, and the
     /// output head streams only those rows. `None` gives back the whole vocabulary. Returns
@@ -196,6 +215,9 @@ pub(crate) trait AnyBackend: Debug + Send + Sync {
     /// As [`Backend::bytes_per_token`].
     fn bytes_per_token(&self) -> Option<usize>;
 
+    /// As [`Backend::token_matrices`].
+    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices>;
+
     /// As [`Backend::forward_batch`] on the caches of `instances`, which this backend made.
     ///
     /// # Errors
@@ -219,6 +241,10 @@ impl<B: Backend> AnyBackend for B {
 
     fn bytes_per_token(&self) -> Option<usize> {
         Backend::bytes_per_token(self)
+    }
+
+    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
+        Backend::token_matrices(self, device)
     }
 
     fn forward_batch(&self, instances: &mut [&mut dyn Instance], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {

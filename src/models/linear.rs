@@ -66,4 +66,17 @@ impl Linear {
             Self::Quant(q) => q.forward(x)?,
         })
     }
+
+    /// The weight W, (out, in), in f32 (dequantized where it is quantized).
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn to_f32(&self) -> Result<Tensor> {
+        let w = match self {
+            Self::Dense(wt) => wt.t()?.contiguous()?,
+            Self::Quant(QMatMul::QTensor(q)) => q.dequantize(&q.device())?,
+            Self::Quant(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.clone(),
+        };
+        Ok(w.to_dtype(candle_core::DType::F32)?)
+    }
 }

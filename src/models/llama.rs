@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::{BatchTarget, Logits, TargetModel, TokenModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Pass, Tap};
+use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Pass, Tap, TokenMatrices};
 use crate::models::features::{interleave, Features};
 use crate::models::format::WeightFormat;
 use crate::models::native::NativeWeights;
@@ -75,6 +75,14 @@ impl LlamaWeights {
     /// Bytes of weights one token's forward pass reads (native engine; `None` for candle's).
     pub fn bytes_per_token(&self) -> Option<usize> {
         self.backend.bytes_per_token()
+    }
+
+    /// The token embedding and output head as these weights hold them, in f32 on `device`.
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
+        self.backend.token_matrices(device)
     }
 
     /// The engine that computes the forward pass.

@@ -135,7 +135,7 @@ pub fn trained_heads(
     use specdec::models::Tap;
     use specdec::{DrafterSpec, Llama, PlainDecoder, SamplingConfig, WeightFormat};
     let (w, _) = files.load(WeightFormat::F32, &Device::Cpu)?;
-    let parts = TargetParts::read(files, &Device::Cpu)?;
+    let parts = TargetParts::from_weights(&w, &Device::Cpu)?;
     let l = w.config().num_layers;
     let taps =
         [vec![Tap::Final], vec![Tap::Residual(2.min(l)), Tap::Residual(l / 2), Tap::Residual(l.saturating_sub(3))]];

@@ -8,11 +8,11 @@
 
 use std::sync::Arc;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, BatchCall, Cache, Engine, Pass, Tap};
+use crate::models::engine::{Backend, BatchCall, Cache, Engine, Pass, Tap, TokenMatrices};
 use crate::models::format::WeightFormat;
 use crate::models::native::attention::{self, Shape};
 use crate::models::native::matmul::{matmul_parallel, Packed};
@@ -320,6 +320,15 @@ impl Backend for NativeWeights {
 
     fn bytes_per_token(&self) -> Option<usize> {
         Some(self.matrix_bytes())
+    }
+
+    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
+        let f32 = |m: &Matrix| -> Result<Tensor> {
+            let mut values = Vec::with_capacity(m.rows() * m.cols());
+            (0..m.rows()).for_each(|r| m.row_into(r, &mut values));
+            Ok(Tensor::from_vec(values, (m.rows(), m.cols()), device)?)
+        };
+        Ok(TokenMatrices { embed: f32(&self.embed)?, output: self.lm_head.as_ref().map(f32).transpose()? })
     }
 
     fn limit_output(&self, cache: &mut NativeCache, ids: Option<&[u32]>) -> Result<bool> {
