@@ -2,13 +2,11 @@
 //! implemented by the native CPU engine ([`super::native`]) and by the candle engine
 //! ([`super::candle_llama`]).
 
-use std::any::Any;
 use std::fmt::Debug;
-use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::models::config::LlamaConfig;
 use crate::tree::TreeShape;
 
@@ -199,114 +197,4 @@ pub enum Tap {
     /// The last block's output after the final norm: what the output head reads, and what
     /// EAGLE-1/2 and Medusa heads take.
     Final,
-}
-
-/// A backend with its concrete type erased, so that a model holds any of them.
-pub(crate) trait AnyBackend: Debug + Send + Sync {
-    /// Which engine this is.
-    fn engine(&self) -> Engine;
-
-    /// As [`Backend::config`].
-    fn config(&self) -> &LlamaConfig;
-
-    /// A model instance: this backend with an empty cache for the blocks `layers`.
-    fn instance(self: Arc<Self>, layers: &[usize]) -> Result<Box<dyn Instance>>;
-
-    /// As [`Backend::bytes_per_token`].
-    fn bytes_per_token(&self) -> Option<usize>;
-
-    /// As [`Backend::token_matrices`].
-    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices>;
-
-    /// As [`Backend::forward_batch`] on the caches of `instances`, which this backend made.
-    ///
-    /// # Errors
-    /// [`Error::InvalidSetting`] for an instance of another backend type; backend failures.
-    fn forward_batch(&self, instances: &mut [&mut dyn Instance], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>>;
-}
-
-impl<B: Backend> AnyBackend for B {
-    fn engine(&self) -> Engine {
-        Backend::engine(self)
-    }
-
-    fn config(&self) -> &LlamaConfig {
-        Backend::config(self)
-    }
-
-    fn instance(self: Arc<Self>, layers: &[usize]) -> Result<Box<dyn Instance>> {
-        let cache = self.new_cache(layers)?;
-        Ok(Box::new(Bound { backend: self, cache }))
-    }
-
-    fn bytes_per_token(&self) -> Option<usize> {
-        Backend::bytes_per_token(self)
-    }
-
-    fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
-        Backend::token_matrices(self, device)
-    }
-
-    fn forward_batch(&self, instances: &mut [&mut dyn Instance], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {
-        let mut caches = Vec::with_capacity(instances.len());
-        for instance in instances.iter_mut() {
-            let bound = instance.as_any_mut().downcast_mut::<Bound<B>>();
-            let bound = bound.ok_or_else(|| Error::setting("batch", "models on other engines", "one engine"))?;
-            caches.push(&mut bound.cache);
-        }
-        Backend::forward_batch(self, &mut caches, calls)
-    }
-}
-
-/// A backend bound to one instance's cache.
-pub(crate) trait Instance: Debug + Send {
-    /// As [`Backend::forward_hidden`] on the bound cache.
-    fn forward_hidden(&mut self, pos: usize, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<Pass>;
-
-    /// As [`Backend::forward_tree`] on the bound cache.
-    fn forward_tree(&mut self, pos: usize, tokens: &[u32], tree: &TreeShape, taps: &[Tap]) -> Result<Pass>;
-
-    /// As [`Backend::keep_path`] on the bound cache.
-    fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()>;
-
-    /// As [`Backend::limit_output`] on the bound cache.
-    fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool>;
-
-    /// The blocks the bound cache runs.
-    fn blocks(&self) -> &[usize];
-
-    /// The instance as `Any`, so that its backend can find its own cache type in a batch.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-}
-
-#[derive(Debug)]
-struct Bound<B: Backend> {
-    backend: Arc<B>,
-    cache: B::Cache,
-}
-
-impl<B: Backend> Instance for Bound<B> {
-    fn forward_hidden(&mut self, pos: usize, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<Pass> {
-        self.backend.forward_hidden(&mut self.cache, pos, tokens, rows, taps)
-    }
-
-    fn forward_tree(&mut self, pos: usize, tokens: &[u32], tree: &TreeShape, taps: &[Tap]) -> Result<Pass> {
-        self.backend.forward_tree(&mut self.cache, pos, tokens, tree, taps)
-    }
-
-    fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()> {
-        self.backend.keep_path(&mut self.cache, pos, path)
-    }
-
-    fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool> {
-        self.backend.limit_output(&mut self.cache, ids)
-    }
-
-    fn blocks(&self) -> &[usize] {
-        self.cache.blocks()
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }

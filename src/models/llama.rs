@@ -12,19 +12,35 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::model::{BatchTarget, Logits, TargetModel, TokenModel};
-use crate::models::candle_llama::CandleWeights;
+use crate::models::candle_llama::{CandleCache, CandleWeights};
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{AnyBackend, Backend, BatchCall, Engine, Instance, Pass, Tap, TokenMatrices};
+use crate::models::engine::{Backend, BatchCall, Cache, Engine, Pass, Tap, TokenMatrices};
 use crate::models::features::{interleave, Features};
 use crate::models::format::WeightFormat;
-use crate::models::native::NativeWeights;
+use crate::models::native::{NativeCache, NativeWeights};
 use crate::models::tensors::TensorSource;
 use crate::tree::TreeShape;
 
 /// Everything read-only about a model, shareable between a target and a layer-skip draft.
 #[derive(Debug)]
 pub struct LlamaWeights {
-    backend: Arc<dyn AnyBackend>,
+    backend: Weights,
+}
+
+/// The weights as one of the two engines holds them.
+#[derive(Debug)]
+enum Weights {
+    Native(Arc<NativeWeights>),
+    Candle(Arc<CandleWeights>),
+}
+
+/// A model instance's cache, with the weights (of the same engine) it runs on. One per model:
+/// the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Bound {
+    Native(Arc<NativeWeights>, NativeCache),
+    Candle(Arc<CandleWeights>, CandleCache),
 }
 
 impl LlamaWeights {
@@ -45,7 +61,7 @@ impl LlamaWeights {
         config.validate()?;
         let native_ok = device.is_cpu() && NativeWeights::supports(format);
         let auto_native = native_ok && (format == WeightFormat::F32 || crate::cpu::level().simd());
-        let backend: Arc<dyn AnyBackend> = match engine {
+        let backend = match engine {
             Engine::Native if !device.is_cpu() => {
                 return Err(Error::DeviceUnavailable {
                     device: format!("{device:?}"),
@@ -55,26 +71,27 @@ impl LlamaWeights {
             Engine::Native if !native_ok => {
                 return Err(Error::setting("weight format", format!("{format:?}"), "one the native engine supports"))
             }
-            Engine::Native => Arc::new(NativeWeights::load(source, &config, format)?),
-            Engine::Auto if auto_native => Arc::new(NativeWeights::load(source, &config, format)?),
-            _ => Arc::new(CandleWeights::load(source, &config, format, device)?),
+            Engine::Native => Weights::Native(Arc::new(NativeWeights::load(source, &config, format)?)),
+            Engine::Auto if auto_native => Weights::Native(Arc::new(NativeWeights::load(source, &config, format)?)),
+            _ => Weights::Candle(Arc::new(CandleWeights::load(source, &config, format, device)?)),
         };
         Ok(Self { backend })
     }
 
-    /// Wraps weights that some other [`Backend`] holds (with their configuration).
-    pub fn from_backend(backend: impl Backend) -> Self {
-        Self { backend: Arc::new(backend) }
-    }
-
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
-        self.backend.config()
+        match &self.backend {
+            Weights::Native(w) => w.config(),
+            Weights::Candle(w) => w.config(),
+        }
     }
 
     /// Bytes of weights one token's forward pass reads (native engine; `None` for candle's).
     pub fn bytes_per_token(&self) -> Option<usize> {
-        self.backend.bytes_per_token()
+        match &self.backend {
+            Weights::Native(w) => w.bytes_per_token(),
+            Weights::Candle(w) => w.bytes_per_token(),
+        }
     }
 
     /// The token embedding and output head as these weights hold them, in f32 on `device`.
@@ -82,12 +99,83 @@ impl LlamaWeights {
     /// # Errors
     /// Backend failures.
     pub fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
-        self.backend.token_matrices(device)
+        match &self.backend {
+            Weights::Native(w) => w.token_matrices(device),
+            Weights::Candle(w) => w.token_matrices(device),
+        }
     }
 
     /// The engine that computes the forward pass.
     pub fn engine(&self) -> Engine {
-        self.backend.engine()
+        match &self.backend {
+            Weights::Native(w) => w.engine(),
+            Weights::Candle(w) => w.engine(),
+        }
+    }
+
+    /// A new instance's cache for the blocks `layers`.
+    fn bind(&self, layers: &[usize]) -> Result<Bound> {
+        Ok(match &self.backend {
+            Weights::Native(w) => Bound::Native(Arc::clone(w), w.new_cache(layers)?),
+            Weights::Candle(w) => Bound::Candle(Arc::clone(w), w.new_cache(layers)?),
+        })
+    }
+
+    /// [`Backend::forward_batch`] on the caches of `bound`, which these weights made.
+    fn forward_batch(&self, bound: &mut [&mut Bound], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {
+        let other = || Error::setting("batch", "models on other engines", "one engine");
+        match &self.backend {
+            Weights::Native(w) => {
+                let caches = bound.iter_mut().map(|b| if let Bound::Native(_, c) = b { Ok(c) } else { Err(other()) });
+                w.forward_batch(&mut caches.collect::<Result<Vec<_>>>()?, calls)
+            }
+            Weights::Candle(w) => {
+                let caches = bound.iter_mut().map(|b| if let Bound::Candle(_, c) = b { Ok(c) } else { Err(other()) });
+                w.forward_batch(&mut caches.collect::<Result<Vec<_>>>()?, calls)
+            }
+        }
+    }
+}
+
+impl Bound {
+    /// As [`Backend::forward_hidden`] on this cache.
+    fn forward_hidden(&mut self, pos: usize, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<Pass> {
+        match self {
+            Self::Native(w, c) => w.forward_hidden(c, pos, tokens, rows, taps),
+            Self::Candle(w, c) => w.forward_hidden(c, pos, tokens, rows, taps),
+        }
+    }
+
+    /// As [`Backend::forward_tree`] on this cache.
+    fn forward_tree(&mut self, pos: usize, tokens: &[u32], tree: &TreeShape, taps: &[Tap]) -> Result<Pass> {
+        match self {
+            Self::Native(w, c) => w.forward_tree(c, pos, tokens, tree, taps),
+            Self::Candle(w, c) => w.forward_tree(c, pos, tokens, tree, taps),
+        }
+    }
+
+    /// As [`Backend::keep_path`] on this cache.
+    fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()> {
+        match self {
+            Self::Native(w, c) => w.keep_path(c, pos, path),
+            Self::Candle(w, c) => w.keep_path(c, pos, path),
+        }
+    }
+
+    /// As [`Backend::limit_output`] on this cache.
+    fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool> {
+        match self {
+            Self::Native(w, c) => w.limit_output(c, ids),
+            Self::Candle(w, c) => w.limit_output(c, ids),
+        }
+    }
+
+    /// The blocks this cache runs.
+    fn blocks(&self) -> &[usize] {
+        match self {
+            Self::Native(_, c) => c.blocks(),
+            Self::Candle(_, c) => c.blocks(),
+        }
     }
 }
 
@@ -108,8 +196,8 @@ pub struct TappedPass {
 #[derive(Debug)]
 pub struct Llama {
     weights: Arc<LlamaWeights>,
-    /// The backend bound to this model's cache, which knows the blocks it runs.
-    instance: Box<dyn Instance>,
+    /// This model's cache with its engine's weights; it knows the blocks it runs.
+    instance: Bound,
     len: usize,
     /// The last call's tree, while its path may still be kept.
     tree: Option<TreeShape>,
@@ -144,7 +232,7 @@ impl Llama {
                 "a non-empty list of block indices below num_layers",
             ));
         }
-        let instance = Arc::clone(&weights.backend).instance(&layers)?;
+        let instance = weights.bind(&layers)?;
         Ok(Self { weights, instance, len: 0, tree: None, record: None, output_ids: None })
     }
 
@@ -371,13 +459,13 @@ impl Llama {
                 .iter()
                 .map(|&i| BatchCall { pos: models[i].len, tokens: calls[i].0, rows: calls[i].1 })
                 .collect();
-            let mut instances: Vec<&mut dyn Instance> = Vec::with_capacity(active.len());
+            let mut instances: Vec<&mut Bound> = Vec::with_capacity(active.len());
             for (i, m) in models.iter_mut().enumerate() {
                 if active.contains(&i) {
-                    instances.push(m.instance.as_mut());
+                    instances.push(&mut m.instance);
                 }
             }
-            let rows = weights.backend.forward_batch(&mut instances, &batch)?;
+            let rows = weights.forward_batch(&mut instances, &batch)?;
             for (&i, data) in active.iter().zip(rows) {
                 models[i].len += calls[i].0.len();
                 out[i] = Some(Logits::new(data, c.vocab_size)?);

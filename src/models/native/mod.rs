@@ -13,4 +13,4 @@ pub(crate) mod pool;
 #[doc(hidden)]
 pub mod quant;
 
-pub(crate) use llama::NativeWeights;
+pub(crate) use llama::{NativeCache, NativeWeights};
