@@ -77,7 +77,8 @@
 //! - [`toy`]: Markov-chain models for tests and simulation.
 //!
 //! ## Layers
-//! Each module imports only from the layers before it (tests aside):
+//! Each module imports only the modules listed before it (tests aside; `tests/layers.rs`
+//! checks this list against the sources):
 //! 1. `error`, `cpu`, `stats`, `math`, `stop`;
 //! 2. `sampling`, then `kernel`, then `tree`, then `model` (the traits), then `toy`;
 //! 3. `adaptive`, `draft`;
