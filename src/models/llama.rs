@@ -12,12 +12,13 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::model::{BatchTarget, Logits, TargetModel, TokenModel};
-use crate::models::candle_llama::{CandleCache, CandleWeights};
+use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
-use crate::models::engine::{Backend, BatchCall, Cache, Engine, Pass, Tap, TokenMatrices};
+use crate::models::dispatch::{Bound, Weights};
+use crate::models::engine::{BatchCall, Engine, Pass, Tap, TokenMatrices};
 use crate::models::features::{interleave, Features};
 use crate::models::format::WeightFormat;
-use crate::models::native::{NativeCache, NativeWeights};
+use crate::models::native::NativeWeights;
 use crate::models::tensors::TensorSource;
 use crate::tree::TreeShape;
 
@@ -25,22 +26,6 @@ use crate::tree::TreeShape;
 #[derive(Debug)]
 pub struct LlamaWeights {
     backend: Weights,
-}
-
-/// The weights as one of the two engines holds them.
-#[derive(Debug)]
-enum Weights {
-    Native(Arc<NativeWeights>),
-    Candle(Arc<CandleWeights>),
-}
-
-/// A model instance's cache, with the weights (of the same engine) it runs on. One per model:
-/// the size of the larger variant does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-enum Bound {
-    Native(Arc<NativeWeights>, NativeCache),
-    Candle(Arc<CandleWeights>, CandleCache),
 }
 
 impl LlamaWeights {
@@ -80,18 +65,12 @@ impl LlamaWeights {
 
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
-        match &self.backend {
-            Weights::Native(w) => w.config(),
-            Weights::Candle(w) => w.config(),
-        }
+        self.backend.config()
     }
 
     /// Bytes of weights one token's forward pass reads (native engine; `None` for candle's).
     pub fn bytes_per_token(&self) -> Option<usize> {
-        match &self.backend {
-            Weights::Native(w) => w.bytes_per_token(),
-            Weights::Candle(w) => w.bytes_per_token(),
-        }
+        self.backend.bytes_per_token()
     }
 
     /// The token embedding and output head as these weights hold them, in f32 on `device`.
@@ -99,83 +78,12 @@ impl LlamaWeights {
     /// # Errors
     /// Backend failures.
     pub fn token_matrices(&self, device: &Device) -> Result<TokenMatrices> {
-        match &self.backend {
-            Weights::Native(w) => w.token_matrices(device),
-            Weights::Candle(w) => w.token_matrices(device),
-        }
+        self.backend.token_matrices(device)
     }
 
     /// The engine that computes the forward pass.
     pub fn engine(&self) -> Engine {
-        match &self.backend {
-            Weights::Native(w) => w.engine(),
-            Weights::Candle(w) => w.engine(),
-        }
-    }
-
-    /// A new instance's cache for the blocks `layers`.
-    fn bind(&self, layers: &[usize]) -> Result<Bound> {
-        Ok(match &self.backend {
-            Weights::Native(w) => Bound::Native(Arc::clone(w), w.new_cache(layers)?),
-            Weights::Candle(w) => Bound::Candle(Arc::clone(w), w.new_cache(layers)?),
-        })
-    }
-
-    /// [`Backend::forward_batch`] on the caches of `bound`, which these weights made.
-    fn forward_batch(&self, bound: &mut [&mut Bound], calls: &[BatchCall]) -> Result<Vec<Vec<f32>>> {
-        let other = || Error::setting("batch", "models on other engines", "one engine");
-        match &self.backend {
-            Weights::Native(w) => {
-                let caches = bound.iter_mut().map(|b| if let Bound::Native(_, c) = b { Ok(c) } else { Err(other()) });
-                w.forward_batch(&mut caches.collect::<Result<Vec<_>>>()?, calls)
-            }
-            Weights::Candle(w) => {
-                let caches = bound.iter_mut().map(|b| if let Bound::Candle(_, c) = b { Ok(c) } else { Err(other()) });
-                w.forward_batch(&mut caches.collect::<Result<Vec<_>>>()?, calls)
-            }
-        }
-    }
-}
-
-impl Bound {
-    /// As [`Backend::forward_hidden`] on this cache.
-    fn forward_hidden(&mut self, pos: usize, tokens: &[u32], rows: usize, taps: &[Tap]) -> Result<Pass> {
-        match self {
-            Self::Native(w, c) => w.forward_hidden(c, pos, tokens, rows, taps),
-            Self::Candle(w, c) => w.forward_hidden(c, pos, tokens, rows, taps),
-        }
-    }
-
-    /// As [`Backend::forward_tree`] on this cache.
-    fn forward_tree(&mut self, pos: usize, tokens: &[u32], tree: &TreeShape, taps: &[Tap]) -> Result<Pass> {
-        match self {
-            Self::Native(w, c) => w.forward_tree(c, pos, tokens, tree, taps),
-            Self::Candle(w, c) => w.forward_tree(c, pos, tokens, tree, taps),
-        }
-    }
-
-    /// As [`Backend::keep_path`] on this cache.
-    fn keep_path(&mut self, pos: usize, path: &[usize]) -> Result<()> {
-        match self {
-            Self::Native(w, c) => w.keep_path(c, pos, path),
-            Self::Candle(w, c) => w.keep_path(c, pos, path),
-        }
-    }
-
-    /// As [`Backend::limit_output`] on this cache.
-    fn limit_output(&mut self, ids: Option<&[u32]>) -> Result<bool> {
-        match self {
-            Self::Native(w, c) => w.limit_output(c, ids),
-            Self::Candle(w, c) => w.limit_output(c, ids),
-        }
-    }
-
-    /// The blocks this cache runs.
-    fn blocks(&self) -> &[usize] {
-        match self {
-            Self::Native(_, c) => c.blocks(),
-            Self::Candle(_, c) => c.blocks(),
-        }
+        self.backend.engine()
     }
 }
 
@@ -232,7 +140,7 @@ impl Llama {
                 "a non-empty list of block indices below num_layers",
             ));
         }
-        let instance = weights.bind(&layers)?;
+        let instance = weights.backend.bind(&layers)?;
         Ok(Self { weights, instance, len: 0, tree: None, record: None, output_ids: None })
     }
 
@@ -465,7 +373,7 @@ impl Llama {
                     instances.push(&mut m.instance);
                 }
             }
-            let rows = weights.forward_batch(&mut instances, &batch)?;
+            let rows = weights.backend.forward_batch(&mut instances, &batch)?;
             for (&i, data) in active.iter().zip(rows) {
                 models[i].len += calls[i].0.len();
                 out[i] = Some(Logits::new(data, c.vocab_size)?);

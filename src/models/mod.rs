@@ -6,10 +6,12 @@
 //! - `engine`: the [`Backend`] trait, one forward pass with its own cache;
 //! - `native` (our CPU kernels) and `candle_llama` (candle's ops, any device, with `linear`
 //!   and `kv_cache`): the two backends;
+//! - `dispatch`: either engine's weights, and a model's cache bound to them, as one type each;
 //! - `llama`: [`Llama`], a model instance over shared [`LlamaWeights`] and one backend.
 
 pub(crate) mod candle_llama;
 pub(crate) mod config;
+pub(crate) mod dispatch;
 pub(crate) mod engine;
 pub(crate) mod features;
 pub(crate) mod format;
