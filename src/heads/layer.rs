@@ -28,6 +28,10 @@ pub struct LayerShape {
 
 /// A decoder layer: attention with its residual, then a SwiGLU feed-forward with its own.
 /// `input_norm` is absent in EAGLE-1 heads (their layer 0 reads the fc output as it is).
+///
+/// Not the candle engine's block (`models::candle_llama`): that one runs candle's fused
+/// kernels (`rms_norm`, `rope_i`) on GGUF's interleaved rows, while a head trains through this
+/// layer (every op here has a backward pass) and its checkpoints keep the halves RoPE layout.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub(crate) shape: LayerShape,
@@ -42,7 +46,10 @@ pub struct DecoderLayer {
     pub(crate) down: Proj,
 }
 
-/// Keys and values of earlier positions, `(1, kv_heads, len, head_dim)` each.
+/// Keys and values of earlier positions, `(1, kv_heads, len, head_dim)` each. It grows by
+/// concatenation, not in place as the candle engine's `KvCache` does, because training's
+/// unrolled pass ([`EagleHead::unroll`](super::EagleHead::unroll)) differentiates through it
+/// (candle's in-place `slice_set` has no backward pass).
 #[derive(Debug, Clone, Default)]
 pub struct LayerCache {
     pub(crate) kv: Option<(Tensor, Tensor)>,

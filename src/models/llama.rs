@@ -423,7 +423,7 @@ impl TokenModel for Llama {
     }
 
     /// Rolls the context back to `len` tokens: the next forward runs at position `len` (see
-    /// the roll-back contract of [`Backend`]).
+    /// the roll-back contract of [`Backend`](crate::models::Backend)).
     fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.len {
             return Err(Error::BadTruncate { len: self.len, to: len });
