@@ -1,10 +1,8 @@
 //! The acceptance estimate both k policies keep: the single decoder's [`KController`] and the
-//! batch's policy, per sequence and pooled. One prior and one fading rule serve both, so that
-//! they read the same rounds the same way.
+//! batch's policy, per sequence (and pooled, where a new sequence starts). One prior and one
+//! fading rule serve both, so that they read the same rounds the same way.
 //!
 //! [`KController`]: super::KController
-
-use super::RELAX;
 
 /// Where an estimate without evidence starts, worth [`PRIOR_WEIGHT`] judged positions:
 /// optimistic enough that a fresh policy drafts, and so measures, before it settles; light
@@ -57,20 +55,6 @@ impl Acceptance {
         self.accepted = keep * self.accepted + accepted as f64;
         self.judged = keep * self.judged + (accepted + 1).min(k) as f64;
     }
-
-    /// Counts a batch step without drafts. The batch's policy does not probe as the single
-    /// decoder does; instead the counts fade as in any plain round and the estimate moves
-    /// [`RELAX`] of the way toward `toward`, so that one a few unlucky rounds pulled down is
-    /// tried again in time rather than never.
-    pub fn idle(&mut self, toward: f64) {
-        self.observe(0, 0);
-        self.relax(toward, RELAX);
-    }
-
-    /// Moves the estimate `rate` of the way toward `alpha`, keeping its weight.
-    fn relax(&mut self, alpha: f64, rate: f64) {
-        self.accepted += rate * (alpha * self.judged - self.accepted);
-    }
 }
 
 #[cfg(test)]
@@ -86,8 +70,6 @@ mod tests {
         assert!((a.alpha() - 6.0 / 8.0).abs() < 1e-12);
         a.observe_keeping(0, 0, 0.5); // and fades the counts, not the estimate
         assert!((a.alpha() - 6.0 / 8.0).abs() < 1e-12);
-        a.relax(0.0, 0.5);
-        assert!((a.alpha() - 3.0 / 8.0).abs() < 1e-12);
     }
 
     #[test]

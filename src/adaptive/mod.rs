@@ -13,7 +13,7 @@ mod policy;
 mod speedup;
 mod tree;
 
-pub(crate) use acceptance::{Acceptance, PRIOR_ALPHA};
+pub(crate) use acceptance::Acceptance;
 pub use costs::{Candidate, CostModel};
 pub use policy::{KPolicy, DEFAULT_MAX_K};
 pub use speedup::{best_k, expected_speedup};
@@ -45,9 +45,8 @@ pub struct RoundReport {
     pub target_secs: f64,
 }
 
-/// How far an estimate moves back toward where it started in a step without drafting
-/// (half-way in about 70 steps): the batch's acceptance estimates and the cost model's
-/// correction of drafting steps.
+/// How far the cost model's correction of drafting steps moves back toward none in a step
+/// without drafting (half-way in about 70 steps).
 pub(crate) const RELAX: f64 = 0.01;
 /// While drafting, every this many rounds the adaptive controller tries a neighbour of its
 /// best k, so that the cost of other block lengths keeps being measured (and T(1) by k = 0).
@@ -73,6 +72,8 @@ const SLOW_PROBES_TO_STOP: usize = 3;
 /// alive it probes: every 16th round it tries a neighbour of that k, and while it decodes
 /// plainly it tries k = 1, spaced (every 2 to 256 rounds) so that these rounds cost about 2 %
 /// of the tokens however expensive the draft.
+///
+/// The batch's adaptive policy keeps the same probing rules for each of its sequences.
 ///
 /// Two rules bound what a draft too expensive to ever pay (one costing about a target step or
 /// more, which no acceptance rate rescues) loses against plain decoding. Until a draft call

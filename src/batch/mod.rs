@@ -19,7 +19,7 @@ use fault::Injected;
 pub use policy::BatchPolicy;
 use sequence::Member;
 
-use crate::adaptive::{Acceptance, Candidate, CostModel, PRIOR_ALPHA};
+use crate::adaptive::{Acceptance, Candidate, CostModel};
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
@@ -345,8 +345,12 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let secs = self.clock.seconds() - start;
         let rows: usize = logits.iter().map(|l| l.rows()).sum();
         self.costs.observe_target(rows, secs);
-        let (prior, mut drafted) = (self.pool.alpha(), false);
         let n = self.seqs.len();
+        // The adaptive policy's probes learn from each round, as the single decoder's do.
+        let probing_rows = match self.policy {
+            BatchPolicy::Adaptive { max_k } => Some(max_k.min(self.rows_cap()) + 1),
+            _ => None,
+        };
         if logits.len() != n {
             return Err(Error::BadModelOutput {
                 model: "target",
@@ -358,19 +362,14 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         for (i, rows) in logits.iter().enumerate() {
             let s = &mut self.seqs[i];
             self.fault.swap_rng(&mut s.seq.rng);
-            let judged = s.judge(rows, secs, prior);
+            let probing = probing_rows.filter(|_| s.fixed_k.is_none()).map(|rows| (&self.costs, rows));
+            let judged = s.judge(rows, secs, probing);
             self.fault.swap_rng(&mut s.seq.rng);
             let (k, accepted, keep) = judged?;
             self.seqs[self.fault.roll_back_slot(i, n)].seq.roll_back_to(keep)?;
             if k > 0 {
                 self.pool.observe(k, accepted);
-                drafted = true;
             }
-        }
-        if !drafted {
-            // While no sequence drafts, the pooled estimate drifts back toward the prior (and
-            // each sequence's estimate toward the pool's, see `judge`).
-            self.pool.idle(PRIOR_ALPHA);
         }
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
     }
@@ -392,20 +391,21 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
             BatchPolicy::Adaptive { max_k } => {
                 self.calibrate()?;
-                let cap = self.rows_cap();
+                let longest = max_k.min(self.rows_cap());
                 for (s, &limit) in self.seqs.iter().zip(&limits) {
                     let missed = s.seq.draft_missed()?.len();
                     let behind = if missed > 2 { missed - 1 } else { 0 };
-                    let limit = limit.min(max_k).min(cap);
+                    let limit = limit.min(longest);
                     candidates.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.seq.remaining() });
                 }
-                match self.costs.has_any_draft() {
-                    true => self.costs.choose(&candidates),
-                    // Until a draft call has been timed, one token a sequence measures it (the
-                    // single decoder's rule): a block would risk several calls of a draft that
-                    // may cost more than the target.
-                    false => candidates.iter().map(|c| c.limit.min(1)).collect(),
-                }
+                // The cost model's best k's for the whole batch, then each sequence's probes by
+                // the single decoder's rules (see `adaptive::Prober`): until a draft call has
+                // been timed, one drafted token; then a neighbour now and then, or spaced k = 1
+                // probes while it decodes plainly.
+                let best = self.costs.choose(&candidates);
+                (self.seqs.iter_mut().zip(&candidates).zip(best))
+                    .map(|((s, c), k)| s.prober.next_k(k, longest, &self.costs, c.alpha))
+                    .collect()
             }
         };
         // Sequences with a k of their own keep it; then each draft may adjust its block, as

@@ -19,7 +19,10 @@ pub enum BatchPolicy {
     /// Each step, the k of every sequence (0 to `max_k`) that maximizes the predicted tokens
     /// per second of the whole batch, from the measured costs (the
     /// [`CostModel`](crate::adaptive::CostModel) the single decoder's adaptive k also decides
-    /// from).
+    /// from), with each sequence's probes by the single decoder's rules (see
+    /// [`KController`](crate::adaptive::KController)). A batch of one thus drafts as
+    /// [`SpeculativeDecoder`](crate::SpeculativeDecoder) would on the same estimates, except
+    /// that it also prices a draft's catch-up after plain steps.
     Adaptive {
         /// The most tokens a sequence drafts in one step
         /// (1..=[`MAX_K`](crate::adaptive::MAX_K)).

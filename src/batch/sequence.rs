@@ -1,9 +1,9 @@
 //! One sequence of a batch: the sequence engine ([`Sequence`], the same one the
-//! single-sequence decoder runs) with the batch's bookkeeping: its id, its acceptance estimate,
-//! and its own k if the request fixed one.
+//! single-sequence decoder runs) with the batch's bookkeeping: its id, its acceptance estimate
+//! and probing state (the single decoder's rules), and its own k if the request fixed one.
 
 use super::{Finished, Request, SeqId};
-use crate::adaptive::Acceptance;
+use crate::adaptive::{Acceptance, CostModel, Prober, RoundReport};
 use crate::decoder::Sequence;
 use crate::error::Result;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel};
@@ -15,6 +15,10 @@ pub(super) struct Member<D, T> {
     pub seq: Sequence<D, T>,
     /// How often its drafts are accepted.
     pub acceptance: Acceptance,
+    /// When the adaptive policy probes other k's for it (as the single decoder does).
+    pub prober: Prober,
+    /// Its draft calls, draft seconds and target seconds before this step.
+    before: (usize, f64, f64),
     /// False once the drafter has nothing more to propose this step.
     pub drafting: bool,
     /// The request's own k, if it has one.
@@ -30,7 +34,8 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
         seq.check()?;
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
         seq.start(&r.prompt, false)?;
-        Ok(Self { id, seq, acceptance: Acceptance::starting_at(prior), drafting: true, fixed_k: r.k })
+        let acceptance = Acceptance::starting_at(prior);
+        Ok(Self { id, seq, acceptance, prober: Prober::default(), before: (0, 0.0, 0.0), drafting: true, fixed_k: r.k })
     }
 
     /// The estimated chance that a drafted position is accepted.
@@ -42,6 +47,8 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
     pub fn new_block(&mut self) {
         self.seq.new_block();
         self.drafting = true;
+        let stats = &self.seq.stats;
+        self.before = (stats.draft_calls, stats.draft_secs, stats.target_secs);
     }
 
     /// Turns the draft's proposal into the block's next token; a draft that proposes nothing
@@ -52,16 +59,30 @@ impl<D: DraftModel, T: TargetModel> Member<D, T> {
     }
 
     /// Judges the block against the target's rows, keeps the verdict's tokens (up to a stop)
-    /// and updates the acceptance estimate (a round without drafts relaxes it toward `prior`).
-    /// Returns the round's (drafted, accepted) and the context length both models must be
-    /// rolled back to.
-    pub fn judge(&mut self, logits: &Logits, secs: f64, prior: f64) -> Result<(usize, usize, usize)> {
+    /// and updates the acceptance estimate and, under the adaptive policy (`probing`: the
+    /// batch's costs and the most rows it measures), the probing state, as the single
+    /// decoder's controller does. Returns the round's (drafted, accepted) and the context
+    /// length both models must be rolled back to.
+    pub fn judge(
+        &mut self,
+        logits: &Logits,
+        secs: f64,
+        probing: Option<(&CostModel, usize)>,
+    ) -> Result<(usize, usize, usize)> {
         let (k, n) = (self.seq.block.tokens().len(), self.seq.ctx().len());
         let verdict = self.seq.judge(logits, secs)?;
-        if k > 0 {
-            self.acceptance.observe(k, verdict.accepted);
-        } else {
-            self.acceptance.idle(prior);
+        self.acceptance.observe(k, verdict.accepted);
+        if let Some((costs, max_rows)) = probing {
+            let stats = &self.seq.stats;
+            let round = RoundReport {
+                drafted: k,
+                accepted: verdict.accepted,
+                draft_calls: stats.draft_calls - self.before.0,
+                draft_secs: stats.draft_secs - self.before.1,
+                target_rows: k + 1,
+                target_secs: stats.target_secs - self.before.2,
+            };
+            self.prober.observe(&round, costs, max_rows);
         }
         self.seq.keep(&verdict.tokens);
         Ok((k, verdict.accepted, n + verdict.accepted))
