@@ -6,7 +6,7 @@
 //! on a CPU) and the wider draft calls. Both sides of that trade are what the chooser
 //! measures: each shape's tokens per second, acceptance and costs together.
 
-use super::{PROBE_BUDGET, PROBE_MAX_GAP};
+use super::prober::{PROBE_BUDGET, PROBE_MAX_GAP};
 use crate::error::{Error, Result};
 use crate::tree::TreeBudget;
 

@@ -1,5 +1,6 @@
-//! The tree round of [`SpeculativeDecoder`]: the draft proposes a tree, the target scores it
-//! in one call, the kernel walks it, and both models keep the accepted path.
+//! The tree round of [`SpeculativeDecoder`](crate::SpeculativeDecoder): the draft proposes a
+//! tree, the target scores it in one call, the kernel walks it, and both models keep the
+//! accepted path.
 
 use super::Sequence;
 use crate::error::{Error, Result};

@@ -2,9 +2,10 @@
 //! separate output head) that scores any number of new tokens at the current offset in one
 //! call and rolls its KV cache back with `truncate`.
 //!
-//! Two engines compute it, behind one [`Backend`] trait: the native CPU engine
-//! ([`super::native`], our own kernels) and a candle engine (any device). [`Engine::Auto`] picks
-//! the native one on CPU when it has SIMD kernels for the weight format.
+//! Two engines compute it, behind one [`Backend`](crate::models::Backend) trait: the native
+//! CPU engine ([`super::native`], our own kernels) and a candle engine (any device).
+//! [`Engine::Auto`] picks the native one on CPU when it has SIMD kernels for the weight
+//! format.
 
 use std::sync::Arc;
 
