@@ -22,7 +22,7 @@ pub mod native;
 pub(crate) mod tensors;
 
 pub use config::{Family, LlamaConfig};
-pub use engine::{Backend, BatchCall, Cache, Engine, Pass, Tap};
+pub use engine::{Backend, BatchCall, Cache, Engine, Pass, Tap, TokenMatrices};
 pub use features::Features;
 pub use format::WeightFormat;
 pub use linear::Linear;
