@@ -32,8 +32,8 @@ impl TargetParts {
             if t.dims() != [config.vocab_size, config.hidden_size] {
                 return Err(Error::HeadMismatch {
                     what: format!("the target's {name}"),
-                    head: format!("{:?}", [config.vocab_size, config.hidden_size]),
-                    target: format!("{:?}", t.dims()),
+                    head: format!("{:?}", t.dims()),
+                    target: format!("{:?}", [config.vocab_size, config.hidden_size]),
                 });
             }
         }
