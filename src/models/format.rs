@@ -16,6 +16,41 @@ pub enum WeightFormat {
     Quantized(GgmlDType),
 }
 
+impl WeightFormat {
+    /// The block type an engine holds a weight in under this format (`None`: f32), for a
+    /// weight stored as `stored` with rows of `cols` values, on an engine whose kernels take
+    /// the block types `supported` accepts. Both engines decide by it.
+    /// - Dense weights (f32, f16, bf16) are held in f32 as stored.
+    /// - Stored blocks of a type the engine lacks (Q2_K, Q3_K, IQ… on the native engine) are
+    ///   re-quantized to Q8_0, whose step is finer than theirs, rather than widened to f32
+    ///   (four times the bytes per token).
+    /// - K-quants need rows of whole 256-value super-blocks; narrower rows take their 32-value
+    ///   cousins (as llama.cpp falls back for such tensors), other types Q8_0; a row that no
+    ///   block divides stays f32.
+    pub(crate) fn held(
+        self,
+        stored: GgmlDType,
+        cols: usize,
+        supported: impl Fn(GgmlDType) -> bool,
+    ) -> Option<GgmlDType> {
+        let wanted = match self {
+            Self::F32 => return None,
+            Self::Stored if stored.block_size() == 1 => return None,
+            Self::Stored if supported(stored) => stored,
+            Self::Stored => GgmlDType::Q8_0,
+            Self::Quantized(q) => q,
+        };
+        let fits = |q: GgmlDType| cols.is_multiple_of(q.block_size());
+        let q = match wanted {
+            q if fits(q) => q,
+            GgmlDType::Q4K => GgmlDType::Q4_1,
+            GgmlDType::Q5K => GgmlDType::Q5_1,
+            _ => GgmlDType::Q8_0,
+        };
+        (supported(q) && fits(q)).then_some(q)
+    }
+}
+
 impl std::str::FromStr for WeightFormat {
     type Err = Error;
 
@@ -50,5 +85,27 @@ impl std::fmt::Display for WeightFormat {
             Self::Stored => write!(f, "stored"),
             Self::Quantized(t) => write!(f, "{}", format!("{t:?}").to_ascii_lowercase()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use GgmlDType::*;
+
+    #[test]
+    fn a_weight_is_held_by_one_rule() {
+        let all = |_| true;
+        let no_q3k = |q| q != Q3K;
+        assert_eq!(WeightFormat::F32.held(Q4K, 256, all), None);
+        assert_eq!(WeightFormat::Stored.held(F16, 256, all), None);
+        assert_eq!(WeightFormat::Stored.held(Q4K, 512, all), Some(Q4K));
+        assert_eq!(WeightFormat::Stored.held(Q3K, 256, all), Some(Q3K));
+        assert_eq!(WeightFormat::Stored.held(Q3K, 256, no_q3k), Some(Q8_0));
+        // 896 values a row: no whole super-block, so a K-quant takes its 32-value cousin.
+        assert_eq!(WeightFormat::Quantized(Q4K).held(Q8_0, 896, all), Some(Q4_1));
+        assert_eq!(WeightFormat::Quantized(Q6K).held(F32, 896, all), Some(Q8_0));
+        assert_eq!(WeightFormat::Quantized(Q8_0).held(F32, 30, all), None);
+        assert_eq!(WeightFormat::Quantized(Q4_0).held(Q4_0, 64, all), Some(Q4_0));
     }
 }

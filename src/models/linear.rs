@@ -20,24 +20,18 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// Builds a layer from a weight of shape (out, in) in the requested format. A quantized
-    /// format whose block does not divide the row length keeps the weight in f32.
+    /// Builds a layer from a weight of shape (out, in) in the requested format, held as
+    /// [`WeightFormat::held`] says (candle has kernels for every GGUF block type).
     ///
     /// # Errors
     /// Backend failures.
     pub fn new(weight: QTensor, format: WeightFormat, device: &Device) -> Result<Self> {
-        let stored = weight.dtype();
-        let dense = matches!(stored, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
-        let row = weight.shape().dims().last().copied().unwrap_or(0);
-        match format {
-            WeightFormat::Stored if !dense => Ok(Self::Quant(QMatMul::from_qtensor(weight)?)),
-            WeightFormat::Quantized(t) if row % t.block_size() == 0 && t != stored => {
-                let w = weight.dequantize(device)?;
-                Ok(Self::Quant(QMatMul::from_qtensor(QTensor::quantize(&w, t)?)?))
-            }
-            WeightFormat::Quantized(_) if !dense => Ok(Self::Quant(QMatMul::from_qtensor(weight)?)),
-            _ => Ok(Self::Dense(weight.dequantize(device)?.t()?.contiguous()?)),
-        }
+        let cols = weight.shape().dims().last().copied().unwrap_or(0);
+        Ok(match format.held(weight.dtype(), cols, |_| true) {
+            Some(q) if q == weight.dtype() => Self::Quant(QMatMul::from_qtensor(weight)?),
+            Some(q) => Self::Quant(QMatMul::from_qtensor(QTensor::quantize(&weight.dequantize(device)?, q)?)?),
+            None => Self::Dense(weight.dequantize(device)?.t()?.contiguous()?),
+        })
     }
 
     /// A layer from f32 weights `w` of shape (out, in), held as given (a transposed view) or,

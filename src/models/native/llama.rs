@@ -21,7 +21,7 @@ use crate::models::native::pool::team;
 use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
 use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
 use crate::tree::TreeShape;
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 
 /// Weight rows per chunk of a parallel product: a multiple of the kernels' 4-row tiles, small
 /// enough that a busy thread's chunks can be taken over, large enough to amortize a claim.
@@ -42,29 +42,13 @@ pub enum Matrix {
 
 impl Matrix {
     /// Holds `parts`, (rows_i, cols) tensors stacked by rows (a fused q|k|v or gate|up
-    /// matrix), in `format`. Stored blocks of a type the kernels lack (Q2_K, Q3_K, IQ…) are
-    /// re-quantized to Q8_0, whose step is finer than theirs, rather than widened to f32 (four
-    /// times the bytes per token). A part that cannot be held quantized (a row length that is
-    /// not a whole number of blocks) is f32. Parts of different layouts stay apart.
+    /// matrix), in `format`, each as [`WeightFormat::held`] says for this engine's kernels.
+    /// Parts of different layouts stay apart.
     fn load(parts: Vec<QTensor>, format: WeightFormat) -> Result<Self> {
         let mut loaded = Vec::with_capacity(parts.len());
         for t in parts {
             let (rows, cols) = t.shape().dims2()?;
-            let target = match format {
-                WeightFormat::F32 => None,
-                WeightFormat::Stored if QMatrix::supports(t.dtype()) || t.dtype().block_size() == 1 => Some(t.dtype()),
-                WeightFormat::Stored => Some(GgmlDType::Q8_0),
-                WeightFormat::Quantized(q) => Some(q),
-            };
-            // K-quants need rows of whole 256-value super-blocks; narrower rows take their
-            // 32-value cousins (as llama.cpp falls back for such tensors).
-            let target = target.map(|q| match q {
-                _ if cols.is_multiple_of(q.block_size()) => q,
-                GgmlDType::Q4K => GgmlDType::Q4_1,
-                GgmlDType::Q5K => GgmlDType::Q5_1,
-                _ => GgmlDType::Q8_0,
-            });
-            loaded.push(match target.filter(|&q| QMatrix::supports(q) && cols.is_multiple_of(q.block_size())) {
+            loaded.push(match format.held(t.dtype(), cols, QMatrix::supports) {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
                 Some(q) => {
                     let requant = QTensor::quantize(&t.dequantize(&Device::Cpu)?, q)?;
