@@ -186,7 +186,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
 
     /// Adds a sequence that generates `request` with its own `target` and `draft` (target
     /// first, as [`SpeculativeDecoder::builder`](crate::SpeculativeDecoder::builder); for
-    /// [`Llama`](crate::Llama), instances over the same shared weights as the other
+    /// `Llama` (feature `models`), instances over the same shared weights as the other
     /// sequences', so that one pass serves them all). Both are reset and fed the prompt.
     ///
     /// # Errors

@@ -103,7 +103,7 @@ pub trait TargetModel: TokenModel {
     /// [`keep_path`](Self::keep_path) to extend it.
     ///
     /// The default scores each root-to-leaf path with [`forward`](Self::forward) and rolls
-    /// back, so every model verifies trees; models with a tree attention mask ([`Llama`](crate::Llama))
+    /// back, so every model verifies trees; models with a tree attention mask (`Llama`)
     /// score the whole tree in one pass.
     ///
     /// # Errors
@@ -158,7 +158,7 @@ pub trait TargetModel: TokenModel {
 }
 
 /// A target that scores several sequences in one call: each sequence is a model instance
-/// with its own context (a [`Llama`](crate::Llama) per sequence over shared weights), and
+/// with its own context (a `Llama` per sequence over shared weights), and
 /// [`forward_batch`](Self::forward_batch) runs one [`forward`](TargetModel::forward) per
 /// instance, in one pass where the model can. The default runs them one by one, so any
 /// target serves a [`BatchDecoder`](crate::BatchDecoder).

@@ -5,7 +5,7 @@ use crate::error::Result;
 
 /// A tokenizer as a cross-vocabulary drafter uses it: token ids to text and back.
 ///
-/// [`Tokenizer`](crate::Tokenizer) is one (with the `llama` feature); tests use
+/// `Tokenizer` is one (with the `llama` feature); tests use
 /// [`ToyVocab`](crate::toy::ToyVocab).
 pub trait Vocabulary {
     /// The text of `ids`, special tokens written out (`<|im_end|>`).

@@ -21,7 +21,8 @@ pub enum Linear {
 
 impl Linear {
     /// Builds a layer from a weight of shape (out, in) in the requested format, held as
-    /// [`WeightFormat::held`] says (candle has kernels for every GGUF block type).
+    /// `WeightFormat::held`, the rule of both engines, says (candle has kernels for every GGUF
+    /// block type).
     ///
     /// # Errors
     /// Backend failures.
