@@ -18,8 +18,8 @@
 //!
 //! The portable kernels are plain loops with independent partial sums, which the compiler
 //! vectorizes for the baseline (SSE2, NEON) without reordering a sum by itself. No NEON code of
-//! ours exists, since nothing here can run it: on such CPUs `Engine::Auto` (feature `models`) gives
-//! quantized models to candle, whose quantized kernels have NEON paths.
+//! ours exists, since nothing here can run it: on such CPUs `Engine::Auto` (feature `models`)
+//! gives quantized models to candle, whose quantized kernels have NEON paths.
 
 use std::sync::OnceLock;
 
@@ -108,8 +108,9 @@ impl Kernels {
         }
     }
 
-    /// The quantized product's variant. Without SIMD, `Engine::Auto` (feature `models`) hands quantized
-    /// models to candle's kernels (the portable one serves `Engine::Native` and the tests).
+    /// The quantized product's variant. Without SIMD, `Engine::Auto` (feature `models`) hands
+    /// quantized models to candle's kernels (the portable one serves `Engine::Native` and the
+    /// tests).
     pub fn quant_name(&self) -> &'static str {
         match self.level {
             Level::Portable => "candle",
