@@ -79,8 +79,10 @@ pub(crate) const RELAX: f64 = 0.01;
 /// when the text turns easy. Like the estimates, the verdict is about the model pair on this
 /// machine, not about the text, so it carries over from one generation to the next.
 ///
-/// After plain rounds the draft has fallen behind, and its next call first catches up on the
-/// missed tokens; that call's time goes into the draft-time average like any other.
+/// After plain rounds the draft has fallen behind: the decoder feeds it the missed tokens in a
+/// call of its own before the round, whose time stays out of the draft-time average (it grows
+/// with the plain stretch, not with k). Unlike the batch's policy, which prices that catch-up
+/// before it starts drafting, the controller leaves its cost to the probing rules above.
 ///
 /// # Example
 /// ```
