@@ -22,7 +22,7 @@
 //   VNNI, interleaved: 358-413 / 370-426 / 471-516
 //   AMX:               387-394 / 417-438 / 544-591
 //   the crate's lane-group VNNI kernel on real Q4_K (4.5 bits; cargo bench -- q4k_up):
-//                      324-336 / 419-450 / 581-641
+//                      324-336 / 437-450 / 618-641
 //   streaming alone: 232-298 for M = 1.
 // So the interleaved layout costs 5-9 rows far less (9 rows: about 20 % less time) but its one
 // row is 10-25 % slower, untuned and with 5.5 % more bytes. AMX did not beat VNNI here: its
