@@ -25,7 +25,7 @@
 //                      324-336 / 437-450 / 618-641
 //   streaming alone: 232-298 for M = 1.
 // So the interleaved layout costs 5-9 rows far less (9 rows: about 20 % less time) but its one
-// row is 10-25 % slower, untuned and with 5.5 % more bytes. AMX did not beat VNNI here: its
+// row is 7-27 % slower, untuned and with 5.5 % more bytes. AMX did not beat VNNI here: its
 // tiles are not renamed, so each 64-value chunk's load, multiply, store and scale run in
 // series.
 // Prototype: Q4_K-like (4-bit codes, per-32 scale and min) times M int8 activation rows on AMX.
