@@ -20,6 +20,14 @@ fn device() -> Device {
         .expect("SPECDEC_DEVICE names a usable device")
 }
 
+/// The engines that run on `device()`: the native one only on the CPU.
+fn engines() -> Vec<specdec::Engine> {
+    match device().is_cpu() {
+        true => vec![specdec::Engine::Native, specdec::Engine::Candle],
+        false => vec![specdec::Engine::Candle],
+    }
+}
+
 fn load(name: &str, format: WeightFormat) -> Option<(Arc<LlamaWeights>, Tokenizer)> {
     let path = model_path(name)?;
     Some(ModelFiles::Gguf(path).load(format, &device()).expect("the model loads"))
@@ -65,7 +73,7 @@ fn truncate_then_forward_equals_a_fresh_run() -> Result<()> {
     for (name, format) in [(STORIES, WeightFormat::F32), (SMOLLM2, WeightFormat::F32), (SMOLLM2, WeightFormat::Stored)]
     {
         let Some(path) = model_path(name) else { continue };
-        for engine in [specdec::Engine::Native, specdec::Engine::Candle] {
+        for engine in engines() {
             let (w, tok) = ModelFiles::Gguf(path.clone()).load_with(format, &device(), engine)?;
             let ids = prompt_ids(&tok, "The cat sat on the mat. The dog");
             let mut model = Llama::new(w.clone())?;
@@ -91,13 +99,13 @@ fn truncate_then_forward_equals_a_fresh_run() -> Result<()> {
 fn logits_agree_with_candle_quantized_llama() -> Result<()> {
     use candle_transformers::models::quantized_llama::ModelWeights;
     use specdec::Engine;
-    for (name, engines) in [(STORIES, &[Engine::Native, Engine::Candle][..]), (SMOLLM2, &[Engine::Candle][..])] {
+    for (name, engines) in [(STORIES, engines()), (SMOLLM2, vec![Engine::Candle])] {
         let Some(path) = model_path(name) else { continue };
         let dev = device();
         let mut file = std::fs::File::open(&path)?;
         let content = candle_core::quantized::gguf_file::Content::read(&mut file)?;
         let mut reference = ModelWeights::from_gguf(content, &mut file, &dev)?;
-        for &engine in engines {
+        for engine in engines {
             let (w, tok) = ModelFiles::Gguf(path.clone()).load_with(WeightFormat::Stored, &dev, engine)?;
             let ids = prompt_ids(&tok, "Once upon a time, there was a");
             let ours = Llama::new(w)?.forward(&ids, 1)?;

@@ -58,8 +58,33 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Self::Dense(wt) => x.broadcast_matmul(wt)?,
+            Self::Quant(q) if x.device().is_cuda() => Self::cuda_rows(q, x)?,
             Self::Quant(q) => q.forward(x)?,
         })
+    }
+
+    /// Rows of activations on CUDA at most 8 at a time. On an H200, candle 0.11.1's
+    /// quantized product for more than 8 rows (its `fast_mmq` path) returned NaN for every
+    /// value of a 9-row pass of the stories model with Q8_0 or Q4_0 weights, while its
+    /// 1–8-row path (`fast_mmvq`) agreed with the CPU, so verifying more than 7 drafts (a tree,
+    /// or a long block) scored NaN (see `docs/cuda.md`).
+    fn cuda_rows(q: &QMatMul, x: &Tensor) -> Result<Tensor> {
+        const MMVQ_ROWS: usize = 8;
+        let dims = x.dims().to_vec();
+        let Some((&cols, lead)) = dims.split_last() else { return Ok(q.forward(x)?) };
+        let rows: usize = lead.iter().product();
+        if rows <= MMVQ_ROWS {
+            return Ok(q.forward(x)?);
+        }
+        let flat = x.reshape((rows, cols))?;
+        let mut parts = Vec::with_capacity(rows.div_ceil(MMVQ_ROWS));
+        for start in (0..rows).step_by(MMVQ_ROWS) {
+            parts.push(q.forward(&flat.narrow(0, start, MMVQ_ROWS.min(rows - start))?.contiguous()?)?);
+        }
+        let out = Tensor::cat(&parts, 0)?;
+        let mut shape = lead.to_vec();
+        shape.push(out.dim(1)?);
+        Ok(out.reshape(shape)?)
     }
 
     /// The weight W, (out, in), in f32 (dequantized where it is quantized).
