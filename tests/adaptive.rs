@@ -239,16 +239,18 @@ struct Busy {
     clock: Clock,
     fixed: f64,
     per_row: f64,
+    /// Seconds per token fed (a draft catching up on many tokens pays for each).
+    per_token: f64,
 }
 
 /// A costly target (1 ms a call plus 0.1 ms a row) on `clock`.
 fn costly(model: MarkovModel, clock: &Clock) -> Busy {
-    Busy { model, clock: clock.clone(), fixed: 1e-3, per_row: 1e-4 }
+    Busy { model, clock: clock.clone(), fixed: 1e-3, per_row: 1e-4, per_token: 0.0 }
 }
 
 /// A draft costing a hundredth of [`costly`]'s step.
 fn light(model: MarkovModel, clock: &Clock) -> Busy {
-    Busy { model, clock: clock.clone(), fixed: 1e-5, per_row: 0.0 }
+    Busy { model, clock: clock.clone(), fixed: 1e-5, per_row: 0.0, per_token: 0.0 }
 }
 
 impl TokenModel for Busy {
@@ -265,9 +267,11 @@ impl TokenModel for Busy {
     }
 }
 
+impl specdec::BatchTarget for Busy {}
+
 impl TargetModel for Busy {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
-        self.clock.advance(self.fixed + self.per_row * rows as f64);
+        self.clock.advance(self.fixed + self.per_row * rows as f64 + self.per_token * tokens.len() as f64);
         self.model.forward(tokens, rows)
     }
 }
@@ -279,8 +283,9 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     let target = MarkovModel::random(16, 1, 5);
     let prompt = [1, 2, 3];
     let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(200).generate(&prompt)?;
-    let slow = Busy { model: target.noisy_copy(0.1, 6), clock: clock.clone(), fixed: 1e-3, per_row: 0.0 };
-    let fast = Busy { model: target, clock: clock.clone(), fixed: 2e-6, per_row: 0.0 };
+    let slow =
+        Busy { model: target.noisy_copy(0.1, 6), clock: clock.clone(), fixed: 1e-3, per_row: 0.0, per_token: 0.0 };
+    let fast = Busy { model: target, clock: clock.clone(), fixed: 2e-6, per_row: 0.0, per_token: 0.0 };
     let mut dec = SpeculativeDecoder::builder(fast, slow).max_new_tokens(200).clock(clock).build()?;
     let mut drafted = 0;
     for _ in 0..20 {
@@ -297,6 +302,57 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     let out = dec.generate(&prompt)?;
     assert_eq!(out.tokens, plain.tokens);
     assert_eq!((out.stats.draft_calls, TokenModel::context_len(dec.draft())), (0, 0));
+    Ok(())
+}
+
+/// One sequence, two engines: the single decoder and a batch of one, on the same toy models,
+/// the same simulated times and the same seed, choose the same k every round (the same cost
+/// model, fed the same measurements: catch-up priced, the time beside the models, predicted
+/// against measured throughput), so they emit the same tokens over the same rounds. Three
+/// pairs: a draft far cheaper than its target (it drafts), one as costly (it decodes plainly
+/// and probes, so its draft falls behind and must catch up), and one in between.
+#[test]
+fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
+    use specdec::{BatchDecoder, BatchPolicy, Request};
+    let target = MarkovModel::random(6, 2, 21);
+    let cfg = SamplingConfig::new(1.0)?.with_seed(77);
+    // (draft noise, draft seconds a call, a token fed): the last pair's draft pays for each
+    // token it catches up on, so pricing the catch-up changes when it starts drafting again.
+    for (noise, draft_fixed, draft_token) in
+        [(0.3, 1e-5, 0.0), (0.3, 1e-3, 0.0), (0.3, 2e-4, 0.0), (0.8, 1e-5, 2e-4), (0.7, 1e-4, 1e-4)]
+    {
+        let draft = target.noisy_copy(noise, 22);
+        let target_fixed = 1e-3;
+        let busy = |model: &MarkovModel, fixed: f64, clock: &Clock| Busy {
+            model: model.clone(),
+            clock: clock.clone(),
+            fixed,
+            per_row: if fixed == target_fixed { 1e-4 } else { 0.0 },
+            per_token: if fixed == target_fixed { 0.0 } else { draft_token },
+        };
+        let clock = Clock::manual();
+        let single =
+            SpeculativeDecoder::builder(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock))
+                .clock(clock)
+                .k_policy(KPolicy::Adaptive { max: 4 })
+                .sampling(cfg.clone())
+                .max_new_tokens(300)
+                .build()?
+                .generate(&PROMPT)?;
+        let clock = Clock::manual();
+        let mut batch = BatchDecoder::new(BatchPolicy::Adaptive { max_k: 4 })?.with_clock(clock.clone());
+        let request = Request::new(PROMPT.to_vec()).sampling(cfg.clone()).max_new_tokens(300);
+        batch.add(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock), request)?;
+        let done = batch.run()?;
+        let (b, s) = (&done[0].generation, &single);
+        let what = format!("draft noise {noise}, {draft_fixed} s a call, {draft_token} s a token");
+        eprintln!("{what}: drafted {} in {} target calls", s.stats.drafted, s.stats.target_calls);
+        assert_eq!(b.tokens, s.tokens, "{what}");
+        // (Draft calls differ by the prompt: the single decoder feeds it to the draft when the
+        // generation starts, the batch with its first drafting step, as a counted call.)
+        let counts = |g: &specdec::Generation| (g.stats.drafted, g.stats.accepted, g.stats.target_calls);
+        assert_eq!(counts(b), counts(s), "{what}: (drafted, accepted, target calls)");
+    }
     Ok(())
 }
 

@@ -452,7 +452,7 @@ fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> 
 }
 
 #[test]
-fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
+fn calibration_is_an_explicit_call_and_otherwise_the_passes_measure() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
     let mut batch = BatchDecoder::new(BatchPolicy::default())?;
     // Nothing to time without a sequence; a sequence's first step would time it.
@@ -465,7 +465,8 @@ fn calibration_is_an_explicit_call_or_the_first_adaptive_step() -> Result<()> {
     // The target was rolled back to its prompt: the generation runs as usual.
     let done = batch.run()?;
     assert_eq!(done[0].generation.tokens.len(), 8);
-    // Without the call, the first adaptive step measures it.
+    // Without the call, the first adaptive step's own pass measures it (as the single decoder's
+    // first round does), and nothing else is timed.
     let mut lazy = BatchDecoder::new(BatchPolicy::default())?;
     lazy.add(target, draft, Request::new(vec![1, 2]).max_new_tokens(8))?;
     lazy.step()?;

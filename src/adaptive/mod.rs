@@ -81,8 +81,11 @@ pub(crate) const RELAX: f64 = 0.01;
 ///
 /// After plain rounds the draft has fallen behind: the decoder feeds it the missed tokens in a
 /// call of its own before the round, whose time stays out of the draft-time average (it grows
-/// with the plain stretch, not with k). Unlike the batch's policy, which prices that catch-up
-/// before it starts drafting, the controller leaves its cost to the probing rules above.
+/// with the plain stretch, not with k). [`next_k_for`](Self::next_k_for) prices that catch-up
+/// as the batch's policy does; and [`planned`](Self::planned) and
+/// [`observe_time`](Self::observe_time) tell the cost model a round's predicted and measured
+/// tokens per second and its time outside the models, so that the single decoder decides from
+/// exactly what a batch of one decides from (the same choices on the same measurements).
 ///
 /// # Example
 /// ```
@@ -104,6 +107,12 @@ pub struct KController {
     k: usize,
     prober: Prober,
     estimates: Estimates,
+    /// The latest round's sequence as the cost model saw it (catch-up left out).
+    candidate: Candidate,
+    /// The latest round's predicted tokens per second, and whether it drafts.
+    predicted: Option<(bool, f64)>,
+    /// The latest round's draft and target rows and seconds, for [`observe_time`](Self::observe_time).
+    last: RoundReport,
 }
 
 impl KController {
@@ -120,7 +129,9 @@ impl KController {
             KPolicy::Fixed(k) | KPolicy::GrowShrink { start: k, .. } => k,
             KPolicy::Adaptive { .. } => 1,
         };
-        Ok(Self { policy, k, prober: Prober::default(), estimates })
+        let candidate = Candidate { alpha: estimates.alpha(), limit: 0, behind: 0, remaining: usize::MAX };
+        let last = RoundReport::default();
+        Ok(Self { policy, k, prober: Prober::default(), estimates, candidate, predicted: None, last })
     }
 
     /// The policy.
@@ -145,18 +156,46 @@ impl KController {
         self.prober.stopped()
     }
 
-    /// The k for the next round.
+    /// The k for the next round, for a draft in step and a long generation
+    /// ([`next_k_for`](Self::next_k_for) with nothing behind and no end in sight).
     pub fn next_k(&mut self) -> usize {
+        self.next_k_for(0, usize::MAX)
+    }
+
+    /// The k for the next round of a generation with `remaining` tokens left, whose draft must
+    /// first catch up on `behind` tokens if it drafts (the adaptive policy prices that
+    /// catch-up, as the batch's does).
+    pub fn next_k_for(&mut self, behind: usize, remaining: usize) -> usize {
         if let KPolicy::Adaptive { max } = self.policy {
             let (costs, alpha) = (&self.estimates.costs, self.estimates.alpha());
-            let best = if measured(costs) { self.estimates.best_k(max) } else { 0 };
+            let limit = max.min(remaining.saturating_sub(1));
+            self.candidate = Candidate { alpha, limit, behind, remaining };
+            let best = if measured(costs) { costs.choose(&[self.candidate])[0] } else { 0 };
             self.k = self.prober.next_k(best, max, costs, alpha);
         }
         self.k
     }
 
-    /// Learns from a finished round.
+    /// The k the round will draft after the drafter's block length and the generation's end
+    /// cut it (see [`next_k_for`](Self::next_k_for)): the cost model predicts the round's
+    /// tokens per second from it, to compare with what [`observe_time`](Self::observe_time)
+    /// measures.
+    pub fn planned(&mut self, k: usize) {
+        if let KPolicy::Adaptive { .. } = self.policy {
+            let seq = Candidate { behind: 0, ..self.candidate };
+            self.predicted = self.estimates.costs.predicted(&[seq], &[k]).map(|p| (k > 0, p));
+        }
+    }
+
+    /// Learns from a finished round (each draft call taken to cost the round's mean).
     pub fn observe(&mut self, round: &RoundReport) {
+        let mean = round.draft_secs / round.draft_calls.max(1) as f64;
+        self.observe_calls(round, &vec![mean; round.draft_calls]);
+    }
+
+    /// As [`observe`](Self::observe), with each draft call's own seconds (`draft_calls` of
+    /// them), as the batch's policy records its calls: the decoder's way.
+    pub fn observe_calls(&mut self, round: &RoundReport, draft_call_secs: &[f64]) {
         match self.policy {
             KPolicy::Fixed(_) => {}
             KPolicy::GrowShrink { max, .. } => {
@@ -169,15 +208,32 @@ impl KController {
                 }
             }
             KPolicy::Adaptive { .. } => {
-                self.estimates.observe(round);
+                self.estimates.observe(round, draft_call_secs);
                 self.prober.observe(round, &self.estimates.costs, self.estimates.max_rows);
+                self.last = *round;
+            }
+        }
+    }
+
+    /// Learns a finished round's whole time, after [`observe`](Self::observe): `secs` from the
+    /// choice of k to the roll-back, of which `setup` went to the draft's catch-up, for
+    /// `tokens` emitted. The rest beside the model calls is priced per row, and the measured
+    /// tokens per second against the prediction corrects later predictions (see
+    /// [`CostModel::observe_outcome`]), as the batch's policy does after each step.
+    pub fn observe_time(&mut self, secs: f64, setup: f64, tokens: usize) {
+        if let KPolicy::Adaptive { .. } = self.policy {
+            let r = &self.last;
+            let costs = &mut self.estimates.costs;
+            costs.observe_other(r.draft_calls + r.target_rows, secs - r.draft_secs - r.target_secs - setup);
+            if let Some((drafting, predicted)) = self.predicted.take() {
+                costs.observe_outcome(drafting, predicted, tokens as f64 / (secs - setup).max(1e-9));
             }
         }
     }
 }
 
 /// The adaptive controller's moving estimates: acceptance, and the [`CostModel`] the batch's
-/// policy decides from too (one row a draft call, no catch-up: probes cover that here).
+/// policy decides from too (one row a draft call).
 #[derive(Debug, Clone)]
 struct Estimates {
     acceptance: Acceptance,
@@ -195,18 +251,12 @@ impl Estimates {
         self.acceptance.alpha()
     }
 
-    /// The k in `0..=max` the cost model chooses at the estimated acceptance.
-    fn best_k(&self, max: usize) -> usize {
-        let seq = Candidate { alpha: self.alpha(), limit: max, behind: 0, remaining: usize::MAX };
-        self.costs.choose(&[seq])[0]
-    }
-
     /// Counts the round's acceptance and times (the cost model ignores impossible times; a
     /// round of more rows than the controller chooses, such as a tree's, is left out).
-    fn observe(&mut self, r: &RoundReport) {
+    fn observe(&mut self, r: &RoundReport, draft_call_secs: &[f64]) {
         self.acceptance.observe(r.drafted, r.accepted);
-        if r.draft_calls > 0 {
-            self.costs.observe_draft(1, r.draft_secs / r.draft_calls as f64);
+        for &secs in draft_call_secs {
+            self.costs.observe_draft(1, secs);
         }
         if (1..=self.max_rows).contains(&r.target_rows) {
             self.costs.observe_target(r.target_rows, r.target_secs);

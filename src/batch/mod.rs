@@ -94,7 +94,8 @@ struct Spent {
     busy: f64,
     /// Rows those calls scored.
     rows: usize,
-    /// Seconds of calibration and catch-up: once-off costs, left out of the step's rate.
+    /// Seconds of choosing the k's and of the drafts' catch-up: left out of the step's rate,
+    /// as the single decoder leaves them out of its rounds'.
     setup: f64,
     /// For the adaptive policy, what it predicted.
     predicted: Option<Prediction>,
@@ -239,9 +240,10 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
 
     /// One step for every active sequence. Returns each sequence's new tokens (finished
     /// sequences move to [`take_finished`](Self::take_finished)). Under the adaptive policy the
-    /// first step calibrates first, unless [`calibrate`](Self::calibrate) or
-    /// [`with_costs`](Self::with_costs) already gave it T(m), and until a draft call has been
-    /// timed each sequence drafts one token (as the single decoder's first round does).
+    /// steps measure T(m) as they go, as the single decoder's rounds do (so a batch of one
+    /// chooses its k's as [`SpeculativeDecoder`](crate::SpeculativeDecoder) would), unless
+    /// [`calibrate`](Self::calibrate) or [`with_costs`](Self::with_costs) gave it T(m) first;
+    /// until a draft call has been timed each sequence drafts one token.
     ///
     /// # Errors
     /// [`Error::NotReady`] after a failed roll-back; model failures (see the type's docs).
@@ -295,7 +297,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     fn round(&mut self) -> Result<Spent> {
         let start = self.clock.seconds();
         let (ks, predicted) = self.choose_ks()?;
-        let calibration = self.clock.seconds() - start;
+        let choosing = self.clock.seconds() - start;
         let catch_up = self.catch_up(&ks)?;
         let (mut busy, mut scored) = (0.0, 0);
         let depth = ks.iter().copied().max().unwrap_or(0);
@@ -371,7 +373,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
                 self.pool.observe(k, accepted);
             }
         }
-        Ok(Spent { busy: busy + secs, rows: scored + rows, setup: calibration + catch_up, predicted })
+        Ok(Spent { busy: busy + secs, rows: scored + rows, setup: choosing + catch_up, predicted })
     }
 
     /// The longest block a sequence may draft under the adaptive policy: the most rows
@@ -390,7 +392,6 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             BatchPolicy::Plain => vec![0; self.seqs.len()],
             BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
             BatchPolicy::Adaptive { max_k } => {
-                self.calibrate()?;
                 let longest = max_k.min(self.rows_cap());
                 for (s, &limit) in self.seqs.iter().zip(&limits) {
                     let missed = s.seq.draft_missed()?.len();
@@ -435,11 +436,11 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
 
     /// Measures T(m) on the first sequence's target when the costs lack it (see
     /// [`CostModel::measure`]: about as long as scoring 1,500 rows, 2 s for SmolLM2-135M in f32
-    /// on 2 cores). The adaptive policy's first [`step`](Self::step) calls it when no costs
-    /// were given ([`with_costs`](Self::with_costs)); call it after the first
-    /// [`add`](Self::add) to spend that time when it suits you. Does nothing without a
-    /// sequence or when T(1) is known. Draft costs are learned from the draft calls
-    /// themselves.
+    /// on 2 cores), so that the adaptive policy knows the cost of the larger passes of a large
+    /// batch before it first meets them; without it (or [`with_costs`](Self::with_costs)) the
+    /// steps learn T(m) from their own passes. Call it after the first [`add`](Self::add).
+    /// Does nothing without a sequence or when T(1) is known. Draft costs are learned from the
+    /// draft calls themselves.
     ///
     /// # Errors
     /// A target that fails to roll back after a timed pass.
@@ -454,22 +455,31 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
 
     /// Feeds the drafts of the sequences about to draft, in one batched call, all but the last
     /// of the tokens they missed while they decoded plainly (see the single decoder's
-    /// catch-up); their proposals are not used.
+    /// catch-up); their proposals are not used. Each counts the call, with its share of the
+    /// time, in its draft calls and seconds (as the single decoder counts its catch-up).
     fn catch_up(&mut self, ks: &[usize]) -> Result<f64> {
         let mut drafts: Vec<&mut D> = Vec::new();
         let mut feeds: Vec<&[u32]> = Vec::new();
-        for (s, _) in self.seqs.iter_mut().zip(ks).filter(|(_, &k)| k > 0) {
+        let mut caught = Vec::new();
+        for (i, (s, _)) in self.seqs.iter_mut().zip(ks).enumerate().filter(|(_, (_, &k))| k > 0) {
             let (draft, missed) = s.seq.draft_with_missed()?;
             if missed.len() > 2 {
                 feeds.push(&missed[..missed.len() - 1]);
                 drafts.push(draft);
+                caught.push(i);
             }
         }
         let start = self.clock.seconds();
         if !drafts.is_empty() {
             D::propose_batch(&mut drafts, &feeds)?;
         }
-        Ok(self.clock.seconds() - start)
+        let secs = self.clock.seconds() - start;
+        for &i in &caught {
+            let stats = &mut self.seqs[i].seq.stats;
+            stats.draft_calls += 1;
+            stats.draft_secs += secs / caught.len() as f64;
+        }
+        Ok(secs)
     }
 }
 

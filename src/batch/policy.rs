@@ -21,8 +21,7 @@ pub enum BatchPolicy {
     /// [`CostModel`](crate::adaptive::CostModel) the single decoder's adaptive k also decides
     /// from), with each sequence's probes by the single decoder's rules (see
     /// [`KController`](crate::adaptive::KController)). A batch of one thus drafts as
-    /// [`SpeculativeDecoder`](crate::SpeculativeDecoder) would on the same estimates, except
-    /// that it also prices a draft's catch-up after plain steps.
+    /// [`SpeculativeDecoder`](crate::SpeculativeDecoder) would on the same measurements.
     Adaptive {
         /// The most tokens a sequence drafts in one step
         /// (1..=[`MAX_K`](crate::adaptive::MAX_K)).

@@ -282,32 +282,45 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// k = 0 is a plain step: the target verifies only the pending token and the kernel's bonus
     /// path samples the next one from its row.
     fn chain_round(&mut self, remaining: usize) -> Result<Verdict> {
-        let n = self.seq.ctx().len();
-        let k = self.k.next_k();
+        let (n, start) = (self.seq.ctx().len(), self.seq.clock.seconds());
+        // A draft more than two tokens behind catches up on all but the last first (see
+        // `Sequence::catch_up_draft`), which the controller prices.
+        let behind = self.seq.draft_missed()?.len();
+        let k = self.k.next_k_for(if behind > 2 { behind - 1 } else { 0 }, remaining);
         let k = if k > 0 { self.seq.block_len(k, self.k.policy().max()) } else { 0 }.min(remaining - 1);
+        self.k.planned(k);
         if k > 0 {
             self.seq.catch_up_draft()?;
         }
+        let setup = self.seq.clock.seconds() - start;
         let s = &mut self.seq;
         let before = (s.stats.draft_calls, s.stats.draft_secs, s.stats.target_secs);
         s.new_block();
+        let mut calls = Vec::with_capacity(k);
         for _ in 0..k {
-            if !s.draft_one()? {
+            let secs = s.stats.draft_secs;
+            let more = s.draft_one()?;
+            calls.push(s.stats.draft_secs - secs);
+            if !more {
                 break;
             }
         }
         let verdict = s.verify()?;
         let drafted = s.block.tokens().len();
-        self.k.observe(&RoundReport {
-            drafted,
-            accepted: verdict.accepted,
-            draft_calls: s.stats.draft_calls - before.0,
-            draft_secs: s.stats.draft_secs - before.1,
-            target_rows: drafted + 1,
-            target_secs: s.stats.target_secs - before.2,
-        });
+        self.k.observe_calls(
+            &RoundReport {
+                drafted,
+                accepted: verdict.accepted,
+                draft_calls: s.stats.draft_calls - before.0,
+                draft_secs: s.stats.draft_secs - before.1,
+                target_rows: drafted + 1,
+                target_secs: s.stats.target_secs - before.2,
+            },
+            &calls,
+        );
         // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
         s.roll_back_to(n + verdict.accepted)?;
+        self.k.observe_time(self.seq.clock.seconds() - start, setup, verdict.tokens.len());
         Ok(verdict)
     }
 }
