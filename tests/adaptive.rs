@@ -308,9 +308,11 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
 /// One sequence, two engines: the single decoder and a batch of one, on the same toy models,
 /// the same simulated times and the same seed, choose the same k every round (the same cost
 /// model, fed the same measurements: catch-up priced, the time beside the models, predicted
-/// against measured throughput), so they emit the same tokens over the same rounds. Three
-/// pairs: a draft far cheaper than its target (it drafts), one as costly (it decodes plainly
-/// and probes, so its draft falls behind and must catch up), and one in between.
+/// against measured throughput), so they emit the same tokens over the same rounds, and go on
+/// doing so over later generations. Five pairs: a draft far cheaper than its target (it
+/// drafts), one as costly (it decodes plainly and probes, so its draft falls behind and must
+/// catch up, until it stops probing), ones in between, and drafts that pay for each token of a
+/// catch-up.
 #[test]
 fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
     use specdec::{BatchDecoder, BatchPolicy, Request};
@@ -352,6 +354,26 @@ fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
         // generation starts, the batch with its first drafting step, as a counted call.)
         let counts = |g: &specdec::Generation| (g.stats.drafted, g.stats.accepted, g.stats.target_calls);
         assert_eq!(counts(b), counts(s), "{what}: (drafted, accepted, target calls)");
+        // Generation after generation (greedy, so that each run draws nothing): the single
+        // decoder carries its estimates and probing state over, the batch its pooled
+        // acceptance, costs and latest probing state.
+        let clock = Clock::manual();
+        let mut single =
+            SpeculativeDecoder::builder(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock))
+                .clock(clock)
+                .k_policy(KPolicy::Adaptive { max: 4 })
+                .max_new_tokens(150)
+                .build()?;
+        let clock = Clock::manual();
+        let mut batch = BatchDecoder::new(BatchPolicy::Adaptive { max_k: 4 })?.with_clock(clock.clone());
+        for generation in 0..3 {
+            let s = single.generate(&PROMPT)?;
+            let request = Request::new(PROMPT.to_vec()).max_new_tokens(150);
+            batch.add(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock), request)?;
+            let b = batch.run()?.remove(0).generation;
+            assert_eq!(b.tokens, s.tokens, "{what}, greedy generation {generation}");
+            assert_eq!(counts(&b), counts(&s), "{what}, greedy generation {generation}");
+        }
     }
     Ok(())
 }

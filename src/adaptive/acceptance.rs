@@ -29,13 +29,7 @@ pub(crate) struct Acceptance {
 impl Acceptance {
     /// An estimate that starts at [`PRIOR_ALPHA`].
     pub fn new() -> Self {
-        Self::starting_at(PRIOR_ALPHA)
-    }
-
-    /// An estimate that starts at `alpha`, with the prior's weight: where a batch's new
-    /// sequence starts from the batch's pooled estimate.
-    pub fn starting_at(alpha: f64) -> Self {
-        Self { accepted: alpha * PRIOR_WEIGHT, judged: PRIOR_WEIGHT }
+        Self { accepted: PRIOR_ALPHA * PRIOR_WEIGHT, judged: PRIOR_WEIGHT }
     }
 
     /// The estimate.

@@ -19,7 +19,7 @@ use fault::Injected;
 pub use policy::BatchPolicy;
 use sequence::Member;
 
-use crate::adaptive::{Acceptance, Candidate, CostModel};
+use crate::adaptive::{Acceptance, Candidate, CostModel, Prober};
 use crate::error::{Error, Result};
 use crate::model::{BatchDraft, BatchTarget};
 use crate::sampling::SamplingConfig;
@@ -134,8 +134,12 @@ pub struct BatchDecoder<D, T> {
     next_id: u64,
     ready: bool,
     /// The acceptance of every sequence's drafts, pooled: where a new sequence's estimate
-    /// starts.
+    /// starts (for a batch of one, its own estimate carried over, as the single decoder's
+    /// carries over from one generation to the next).
     pool: Acceptance,
+    /// The probing state of the latest finished sequence, where a new one's starts (a draft
+    /// found too slow to pay stays unprobed, as in the single decoder's next generation).
+    prober: Prober,
     /// Where times are read.
     clock: Clock,
     /// A bug the tests inject (none otherwise).
@@ -167,6 +171,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             next_id: 0,
             ready: true,
             pool: Acceptance::new(),
+            prober: Prober::default(),
             clock: Clock::wall(),
             fault: Injected::new(None),
         })
@@ -199,7 +204,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         if let Some(k) = request.k.filter(|&k| k > 0) {
             BatchPolicy::Fixed(k).check()?;
         }
-        let seq = Member::start(id, target, draft, request, self.pool.alpha(), self.clock.clone())?;
+        let estimates = (self.pool, self.prober.clone());
+        let seq = Member::start(id, target, draft, request, estimates, self.clock.clone())?;
         self.next_id += 1;
         self.seqs.push(seq);
         self.retire();
@@ -286,6 +292,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             match self.seqs[i].seq.finish() {
                 Some(_) => {
                     let s = self.seqs.remove(i);
+                    self.prober = s.prober.clone();
                     self.finished.push(s.into_finished());
                 }
                 None => i += 1,
@@ -369,9 +376,8 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
             self.fault.swap_rng(&mut s.seq.rng);
             let (k, accepted, keep) = judged?;
             self.seqs[self.fault.roll_back_slot(i, n)].seq.roll_back_to(keep)?;
-            if k > 0 {
-                self.pool.observe(k, accepted);
-            }
+            // Every round, plain ones too (they fade the counts), as each sequence's estimate.
+            self.pool.observe(k, accepted);
         }
         Ok(Spent { busy: busy + secs, rows: scored + rows, setup: choosing + catch_up, predicted })
     }

@@ -28,14 +28,21 @@ pub(super) struct Member<D, T> {
 impl<D: DraftModel, T: TargetModel> Member<D, T> {
     /// Checks the request, resets both models and feeds the target all but the prompt's last
     /// token. The draft catches up on the prompt (in one batched call with the others) the first
-    /// time it drafts, so a sequence that never drafts never feeds it.
-    pub fn start(id: SeqId, target: T, draft: D, r: Request, prior: f64, clock: Clock) -> Result<Self> {
+    /// time it drafts, so a sequence that never drafts never feeds it. Its acceptance estimate
+    /// and probing state start as given (the batch's).
+    pub fn start(
+        id: SeqId,
+        target: T,
+        draft: D,
+        r: Request,
+        (acceptance, prober): (Acceptance, Prober),
+        clock: Clock,
+    ) -> Result<Self> {
         let mut seq = Sequence::new(target, draft, r.sampling, r.stop, clock);
         seq.check()?;
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
         seq.start(&r.prompt, false)?;
-        let acceptance = Acceptance::starting_at(prior);
-        Ok(Self { id, seq, acceptance, prober: Prober::default(), before: (0, 0.0, 0.0), drafting: true, fixed_k: r.k })
+        Ok(Self { id, seq, acceptance, prober, before: (0, 0.0, 0.0), drafting: true, fixed_k: r.k })
     }
 
     /// The estimated chance that a drafted position is accepted.
