@@ -228,15 +228,18 @@ impl CostModel {
         (secs + t(rows) - t(at)).max(0.0)
     }
 
-    /// Records a step's measured tokens per second (catch-up and calibration left out) against
-    /// [`predicted`](Self::predicted) for it: how far off the model is, separately for plain and
-    /// drafting steps.
+    /// Records a step's measured seconds (catch-up and calibration left out) against
+    /// [`step_secs`](Self::step_secs) for it: how far off the model's time is, separately for
+    /// plain and drafting steps. Time only: the tokens a step emits are acceptance's business
+    /// (its estimate learns them), and judging the model by them too counted every lucky or
+    /// unlucky sampled round twice (at temperature 0.8 that noise alone tipped it toward plain
+    /// steps).
     /// After a plain step, the drafting correction relaxes toward none (by `RELAX`), so that a
-    /// few unlucky drafting steps do not rule drafting out for good.
-    pub fn observe_outcome(&mut self, drafting: bool, predicted: f64, measured: f64) {
-        if predicted > 0.0 && measured.is_finite() {
+    /// few slow drafting steps do not rule drafting out for good.
+    pub fn observe_outcome(&mut self, drafting: bool, predicted_secs: f64, measured_secs: f64) {
+        if predicted_secs > 0.0 && measured_secs > 0.0 && measured_secs.is_finite() {
             let b = &mut self.bias[usize::from(drafting)];
-            *b = (1.0 - NEW) * *b + NEW * (measured / predicted).clamp(0.2, 5.0);
+            *b = (1.0 - NEW) * *b + NEW * (predicted_secs / measured_secs).clamp(0.2, 5.0);
         }
         if !drafting {
             self.bias[1] += RELAX * (1.0 - self.bias[1]);
@@ -253,13 +256,18 @@ impl CostModel {
     /// As [`throughput`](Self::throughput), before the correction.
     pub fn predicted(&self, seqs: &[Candidate], ks: &[usize]) -> Option<f64> {
         let tokens: f64 = seqs.iter().zip(ks).map(|(s, &k)| expected_tokens_per_call(k as f64, s.alpha)).sum();
+        Some(tokens / self.step_secs(seqs, ks)?.max(1e-12))
+    }
+
+    /// The predicted seconds of one step in which sequence i drafts `ks[i]` tokens (`None`
+    /// before T is measured).
+    pub fn step_secs(&self, seqs: &[Candidate], ks: &[usize]) -> Option<f64> {
         let rows: usize = ks.iter().map(|k| k + 1).sum();
         let depth = ks.iter().copied().max().unwrap_or(0);
         let drafting: f64 = (0..depth).map(|j| self.draft_secs(ks.iter().filter(|&&k| k > j).count())).sum();
         let catch_up = self.catch_up_secs(seqs, ks);
         let other = self.other_per_row.unwrap_or(0.0) * (rows + ks.iter().sum::<usize>()) as f64;
-        let secs = self.target_secs(rows)? + drafting + catch_up + other;
-        Some(tokens / secs.max(1e-12))
+        Some(self.target_secs(rows)? + drafting + catch_up + other)
     }
 
     /// The share of this step in the catch-up of the drafts that start drafting: one batched

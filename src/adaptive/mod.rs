@@ -84,7 +84,7 @@ pub(crate) const RELAX: f64 = 0.01;
 /// with the plain stretch, not with k). [`next_k_for`](Self::next_k_for) prices that catch-up
 /// as the batch's policy does; and [`planned`](Self::planned) and
 /// [`observe_time`](Self::observe_time) tell the cost model a round's predicted and measured
-/// tokens per second and its time outside the models, so that the single decoder decides from
+/// seconds and its time outside the models, so that the single decoder decides from
 /// exactly what a batch of one decides from (the same choices on the same measurements).
 ///
 /// # Example
@@ -109,7 +109,7 @@ pub struct KController {
     estimates: Estimates,
     /// The latest round's sequence as the cost model saw it (catch-up left out).
     candidate: Candidate,
-    /// The latest round's predicted tokens per second, and whether it drafts.
+    /// The latest round's predicted seconds, and whether it drafts.
     predicted: Option<(bool, f64)>,
     /// The latest round's draft and target rows and seconds, for [`observe_time`](Self::observe_time).
     last: RoundReport,
@@ -178,12 +178,11 @@ impl KController {
 
     /// The k the round will draft after the drafter's block length and the generation's end
     /// cut it (see [`next_k_for`](Self::next_k_for)): the cost model predicts the round's
-    /// tokens per second from it, to compare with what [`observe_time`](Self::observe_time)
-    /// measures.
+    /// seconds from it, to compare with what [`observe_time`](Self::observe_time) measures.
     pub fn planned(&mut self, k: usize) {
         if let KPolicy::Adaptive { .. } = self.policy {
             let seq = Candidate { behind: 0, ..self.candidate };
-            self.predicted = self.estimates.costs.predicted(&[seq], &[k]).map(|p| (k > 0, p));
+            self.predicted = self.estimates.costs.step_secs(&[seq], &[k]).map(|p| (k > 0, p));
         }
     }
 
@@ -216,17 +215,17 @@ impl KController {
     }
 
     /// Learns a finished round's whole time, after [`observe`](Self::observe): `secs` from the
-    /// choice of k to the roll-back, of which `setup` went to the draft's catch-up, for
-    /// `tokens` emitted. The rest beside the model calls is priced per row, and the measured
-    /// tokens per second against the prediction corrects later predictions (see
-    /// [`CostModel::observe_outcome`]), as the batch's policy does after each step.
-    pub fn observe_time(&mut self, secs: f64, setup: f64, tokens: usize) {
+    /// choice of k to the roll-back, of which `setup` went to the draft's catch-up. The rest
+    /// beside the model calls is priced per row, and the measured seconds against the
+    /// prediction correct later predictions (see [`CostModel::observe_outcome`]), as the
+    /// batch's policy does after each step.
+    pub fn observe_time(&mut self, secs: f64, setup: f64) {
         if let KPolicy::Adaptive { .. } = self.policy {
             let r = &self.last;
             let costs = &mut self.estimates.costs;
             costs.observe_other(r.draft_calls + r.target_rows, secs - r.draft_secs - r.target_secs - setup);
             if let Some((drafting, predicted)) = self.predicted.take() {
-                costs.observe_outcome(drafting, predicted, tokens as f64 / (secs - setup).max(1e-9));
+                costs.observe_outcome(drafting, predicted, secs - setup);
             }
         }
     }

@@ -101,7 +101,7 @@ struct Spent {
     predicted: Option<Prediction>,
 }
 
-/// Whether a step drafts, and its predicted tokens per second.
+/// Whether a step drafts, and its predicted seconds.
 type Prediction = (bool, f64);
 
 /// The most rows the adaptive policy puts in one target pass (and measures T for).
@@ -269,8 +269,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let secs = self.clock.seconds() - start;
         self.costs.observe_other(spent.rows, secs - spent.busy - spent.setup);
         if let Some((drafting, predicted)) = spent.predicted {
-            let tokens: usize = self.seqs.iter().zip(&before).map(|(s, &n)| s.seq.ctx().len() - n).sum();
-            self.costs.observe_outcome(drafting, predicted, tokens as f64 / (secs - spent.setup).max(1e-9));
+            self.costs.observe_outcome(drafting, predicted, secs - spent.setup);
         }
         let new = self
             .seqs
@@ -389,7 +388,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     }
 
     /// Each sequence's k for this step, by the policy (never past its last token), and for the
-    /// adaptive policy whether the step drafts and its predicted tokens per second (catch-up
+    /// adaptive policy whether the step drafts and its predicted seconds (catch-up
     /// left out).
     fn choose_ks(&mut self) -> Result<(Vec<usize>, Option<Prediction>)> {
         let limits: Vec<usize> = self.seqs.iter().map(|s| s.seq.remaining().saturating_sub(1)).collect();
@@ -435,7 +434,7 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         candidates.iter_mut().for_each(|c| c.behind = 0);
         let predicted = match candidates.is_empty() {
             true => None,
-            false => self.costs.predicted(&candidates, &ks).map(|p| (ks.iter().any(|&k| k > 0), p)),
+            false => self.costs.step_secs(&candidates, &ks).map(|p| (ks.iter().any(|&k| k > 0), p)),
         };
         Ok((ks, predicted))
     }

@@ -320,7 +320,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
         );
         // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
         s.roll_back_to(n + verdict.accepted)?;
-        self.k.observe_time(self.seq.clock.seconds() - start, setup, verdict.tokens.len());
+        self.k.observe_time(self.seq.clock.seconds() - start, setup);
         Ok(verdict)
     }
 }
