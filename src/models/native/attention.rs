@@ -48,16 +48,28 @@ multiversion! {
         let scale = 1.0 / (hd as f32).sqrt();
         let blocks = visible.div_ceil(BLOCK);
         scores.clear();
+        let whole = hd / CHAINS * CHAINS;
         for b in 0..blocks {
             let block = &keys[b * hd * BLOCK..(b + 1) * hd * BLOCK];
-            let mut acc = [0f32; BLOCK];
-            for (d, &qd) in q.iter().enumerate() {
-                let k = &block[d * BLOCK..(d + 1) * BLOCK];
-                for l in 0..BLOCK {
-                    acc[l] = qd.mul_add(k[l], acc[l]);
+            // `CHAINS` sums over the components (d mod 4) that do not wait on each other's
+            // multiply-adds (one chain of hd of them was a third of a 5-row pass of SmolLM2's
+            // attention, each waiting on the last), added up at the end.
+            let mut acc = [[0f32; BLOCK]; CHAINS];
+            for (c, qc) in q[..whole].chunks_exact(CHAINS).enumerate() {
+                for (j, (a, &qd)) in acc.iter_mut().zip(qc).enumerate() {
+                    let k = &block[(c * CHAINS + j) * BLOCK..][..BLOCK];
+                    for l in 0..BLOCK {
+                        a[l] = qd.mul_add(k[l], a[l]);
+                    }
                 }
             }
-            scores.extend(acc.iter().map(|a| a * scale));
+            for (d, &qd) in q.iter().enumerate().skip(whole) {
+                let k = &block[d * BLOCK..(d + 1) * BLOCK];
+                for l in 0..BLOCK {
+                    acc[0][l] = qd.mul_add(k[l], acc[0][l]);
+                }
+            }
+            scores.extend((0..BLOCK).map(|l| ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) * scale));
         }
         scores.truncate(visible);
         let hidden = visible - sees.len();
@@ -65,12 +77,11 @@ multiversion! {
             *sc = f32::NEG_INFINITY;
         }
         scores[..first].iter_mut().for_each(|sc| *sc = f32::NEG_INFINITY);
-        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut total = 0.0;
+        let max = lane_max(scores);
         for sc in scores.iter_mut() {
             *sc = crate::math::exp(*sc - max);
-            total += *sc;
         }
+        let mut total = lane_sum(scores);
         // `exp` saturates at e^-87 rather than 0: masked positions get exactly 0.
         for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
             total -= *sc;
@@ -97,19 +108,61 @@ multiversion! {
     }
 }
 
-/// `out = inv · Σ_t p[t] · v_t` for a head width known at compile time, so the sums stay in
-/// registers (through memory, each position's update would wait for the previous store).
+/// Independent sums per score over the key components.
+const CHAINS: usize = 4;
+
+/// The largest of `x` (−∞ for none), by 16 running maxima: a fold with `f32::max`, whose NaN
+/// rule the compiler keeps, stayed scalar. (Scores are never NaN.)
 #[inline(always)]
-fn weighted_sum<const D: usize>(p: &[f32], inv: f32, values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
-    let mut acc = [0f32; D];
-    for (t, &w) in p.iter().enumerate() {
-        let v = &values[t * stride + offset..][..D];
-        for d in 0..D {
-            acc[d] = w.mul_add(v[d], acc[d]);
+fn lane_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; BLOCK];
+    for chunk in x.chunks(BLOCK) {
+        for (m, &v) in m.iter_mut().zip(chunk) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = a * inv;
+    m.into_iter().fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a })
+}
+
+/// The sum of `x` by 16 running sums, added up in a fixed order: one running sum stayed
+/// scalar (the compiler may not reorder a float sum by itself).
+#[inline(always)]
+fn lane_sum(x: &[f32]) -> f32 {
+    let mut s = [0f32; BLOCK];
+    for chunk in x.chunks(BLOCK) {
+        for (s, &v) in s.iter_mut().zip(chunk) {
+            *s += v;
+        }
+    }
+    s.into_iter().sum()
+}
+
+/// `out = inv · Σ_t p[t] · v_t` for a head width known at compile time, so the sums stay in
+/// registers (through memory, each position's update would wait for the previous store).
+/// Even and odd positions sum apart, so that a 64-wide head's four registers do not each wait
+/// on their last multiply-add.
+#[inline(always)]
+fn weighted_sum<const D: usize>(p: &[f32], inv: f32, values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+    let (mut even, mut odd) = ([0f32; D], [0f32; D]);
+    let pairs = p.len() / 2;
+    for t in 0..pairs {
+        let (w0, w1) = (p[2 * t], p[2 * t + 1]);
+        let v0 = &values[2 * t * stride + offset..][..D];
+        let v1 = &values[(2 * t + 1) * stride + offset..][..D];
+        for d in 0..D {
+            even[d] = w0.mul_add(v0[d], even[d]);
+            odd[d] = w1.mul_add(v1[d], odd[d]);
+        }
+    }
+    if p.len() % 2 == 1 {
+        let t = p.len() - 1;
+        let v = &values[t * stride + offset..][..D];
+        for d in 0..D {
+            even[d] = p[t].mul_add(v[d], even[d]);
+        }
+    }
+    for ((o, a), b) in out.iter_mut().zip(even).zip(odd) {
+        *o = (a + b) * inv;
     }
 }
 
@@ -164,6 +217,72 @@ multiversion! {
     pub fn silu_gate(g: &[f32], u: &[f32], out: &mut [f32]) {
         for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
             *o = g / (1.0 + crate::math::exp(-g)) * u;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention of query head `h` by its definition, in f64: softmax over the seen positions
+    /// `first..visible` (a tree's last `sees.len()` only where seen), times the values.
+    fn reference(
+        s: Shape,
+        q: &[f32],
+        keys: &[Vec<f32>],
+        values: &[f32],
+        first: usize,
+        sees: &[bool],
+        h: usize,
+    ) -> Vec<f32> {
+        let (hd, visible) = (s.head_dim, keys.len());
+        let offset = h / (s.heads / s.kv_heads) * hd;
+        let seen = |t: usize| t >= first && (t < visible - sees.len() || sees[t + sees.len() - visible]);
+        let score = |t: usize| {
+            q.iter().zip(&keys[t]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() / (hd as f64).sqrt()
+        };
+        let max = (0..visible).filter(|&t| seen(t)).map(score).fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = (0..visible).map(|t| if seen(t) { (score(t) - max).exp() } else { 0.0 }).collect();
+        let total: f64 = p.iter().sum();
+        (0..hd)
+            .map(|d| {
+                let v = (0..visible).map(|t| p[t] * f64::from(values[t * s.kv_heads * hd + offset + d])).sum::<f64>();
+                (v / total) as f32
+            })
+            .collect()
+    }
+
+    /// Head widths with and without a compiled weighted sum and not a multiple of the score
+    /// chains (6), odd and even lengths, a window's start and a tree's mask.
+    #[test]
+    fn heads_match_the_definition() {
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for hd in [6usize, 8, 64, 128] {
+            let s = Shape { heads: 4, kv_heads: 2, head_dim: hd };
+            for (visible, first, sees) in
+                [(1, 0, vec![]), (17, 0, vec![]), (40, 5, vec![]), (33, 0, vec![true, false, true])]
+            {
+                let keys: Vec<Vec<f32>> = (0..visible).map(|_| (0..hd).map(|_| next()).collect()).collect();
+                let values: Vec<f32> = (0..visible * s.kv_heads * hd).map(|_| next()).collect();
+                let q: Vec<f32> = (0..hd).map(|_| 2.0 * next()).collect();
+                for h in [0, 3] {
+                    let mut blocks = Vec::new();
+                    for (pos, k) in keys.iter().enumerate() {
+                        store_key(&mut blocks, hd, pos, k);
+                    }
+                    let (mut scores, mut out) = (Vec::new(), vec![0f32; hd]);
+                    head(s, &q, &blocks, &values, first, visible, &sees, h, &mut scores, &mut out);
+                    let want = reference(s, &q, &keys, &values, first, &sees, h);
+                    for (a, b) in out.iter().zip(&want) {
+                        assert!((a - b).abs() <= 1e-5, "hd {hd}, visible {visible}, head {h}: {a} vs {b}");
+                    }
+                }
+            }
         }
     }
 }
