@@ -108,7 +108,7 @@ multiversion! {
     }
 }
 
-/// Independent sums per score over the key components.
+/// Independent sums per score over the key components (`head` adds up exactly four).
 const CHAINS: usize = 4;
 
 /// The largest of `x` (−∞ for none), by 16 running maxima: a fold with `f32::max`, whose NaN
