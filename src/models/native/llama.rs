@@ -143,9 +143,21 @@ impl Matrix {
                 qmatmul_parallel(acts, q, out, GRAIN);
             }
             Self::Parts(parts) => {
+                // Quantized parts share one quantization of `x` (it depends on the width alone):
+                // a Q4_K_M file's q|k and v parts quantized it twice a layer.
+                let shared = parts.iter().all(|p| matches!(p, Self::Quant(_)));
+                if shared {
+                    acts.quantize(x, m, self.cols());
+                }
                 let (rows, mut first, mut part_out) = (self.rows(), 0, Vec::new());
                 for part in parts {
-                    part.apply(x, m, &mut part_out, acts);
+                    match part {
+                        Self::Quant(q) if shared => {
+                            part_out.resize(m * q.rows(), 0.0);
+                            qmatmul_parallel(acts, q, &mut part_out, GRAIN);
+                        }
+                        _ => part.apply(x, m, &mut part_out, acts),
+                    }
                     let n = part.rows();
                     for (dst, src) in out.chunks_exact_mut(rows).zip(part_out.chunks_exact(n)) {
                         dst[first..first + n].copy_from_slice(src);

@@ -766,12 +766,12 @@ multiversion! {
             // the sign is the order of the magnitudes): an integer maximum vectorizes, while
             // `f32::max`'s NaN rule kept the fold scalar. A NaN counts as 0, as `f32::max`
             // skipped it. (Plain loops: array `map`s were left as calls.)
-            let mut top = 0u32;
-            for v in &vals {
+            let mut mags = [0u32; 32];
+            for (m, v) in mags.iter_mut().zip(&vals) {
                 let bits = v.to_bits() & 0x7FFF_FFFF;
-                top = top.max(if bits > 0x7F80_0000 { 0 } else { bits });
+                *m = if bits > 0x7F80_0000 { 0 } else { bits };
             }
-            let d = f32::from_bits(top) / 127.0;
+            let d = f32::from_bits(tree(mags, u32::max)) / 127.0;
             let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
             let mut q = [0i32; 32];
             for (q, v) in q.iter_mut().zip(&vals) {
@@ -786,13 +786,33 @@ multiversion! {
             for (o, &q) in block.iter_mut().zip(&q) {
                 *o = q as i8;
             }
-            let sums = [q[..16].iter().sum::<i32>(), q[16..].iter().sum::<i32>()];
+            let (mut low, mut high) = ([0i32; 16], [0i32; 16]);
+            low.copy_from_slice(&q[..16]);
+            high.copy_from_slice(&q[16..]);
+            let sums = [tree(low, |a, b| a + b), tree(high, |a, b| a + b)];
             dx[b] = d;
             sx[b] = d * (sums[0] + sums[1]) as f32;
             sx16[2 * b] = d * sums[0] as f32;
             sx16[2 * b + 1] = d * sums[1] as f32;
         }
     }
+}
+
+/// `op` over `v` (16 or 32 values) as a tree of halves: the compiler makes it a few vector
+/// steps, where a running fold over the values became a scalar chain of lane extractions
+/// (most of `quantize_blocks`'s time). For an associative `op` on integers the result is the
+/// fold's.
+#[inline(always)]
+fn tree<T: Copy + Default, const N: usize>(v: [T; N], op: impl Fn(T, T) -> T) -> T {
+    let mut v = v;
+    let mut n = N;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            v[i] = op(v[i], v[i + n]);
+        }
+    }
+    v[0]
 }
 
 #[cfg(test)]
