@@ -189,7 +189,21 @@ mod tests {
     fn kernels_match_the_dequantized_product() {
         let kernels = variants();
         for dtype in TYPES {
-            for &(n, k) in &[(7usize, 256usize), (13, 512), (3, 768), (6, 576), (5, 64), (11, 192)] {
+            // Rows of 4, 8, 12, 9, 1, 3, 13, 14, 15 and 20 chunks: every tail of 2 and 1 chunks after
+            // whole lane groups, and rows as wide as the 0.5B Qwen's (896 values).
+            let shapes = [
+                (7usize, 256usize),
+                (13, 512),
+                (3, 768),
+                (6, 576),
+                (5, 64),
+                (11, 192),
+                (3, 832),
+                (4, 896),
+                (3, 960),
+                (2, 1280),
+            ];
+            for &(n, k) in &shapes {
                 if k_quant(dtype) && k % 256 != 0 {
                     continue;
                 }
