@@ -798,12 +798,13 @@ multiversion! {
     }
 }
 
-/// `op` over `v` (16 or 32 values) as a tree of halves: the compiler makes it a few vector
-/// steps, where a running fold over the values became a scalar chain of lane extractions
-/// (most of `quantize_blocks`'s time). For an associative `op` on integers the result is the
-/// fold's.
+/// `op` over `v` (N a power of two: 16 or 32 values here) as a tree of halves: the compiler
+/// makes it a few vector steps, where a running fold over the values became a scalar chain of
+/// lane extractions (most of `quantize_blocks`'s time). For an associative and commutative
+/// `op` on integers the result is the fold's.
 #[inline(always)]
-fn tree<T: Copy + Default, const N: usize>(v: [T; N], op: impl Fn(T, T) -> T) -> T {
+fn tree<T: Copy, const N: usize>(v: [T; N], op: impl Fn(T, T) -> T) -> T {
+    const { assert!(N.is_power_of_two()) };
     let mut v = v;
     let mut n = N;
     while n > 1 {
