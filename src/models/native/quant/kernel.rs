@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn kernels_agree_exactly_with_the_portable_reference() {
         for dtype in TYPES {
-            let k = if k_quant(dtype) { 512 } else { 576 };
+            let k = if k_quant(dtype) { 768 } else { 576 };
             let (w, _) = repack(dtype, 9, k);
             for m in [1, 2, 3, 4, 5, 7] {
                 agree_with_portable(&w, &data(m * k, 11), m, &format!("{dtype:?}"));
