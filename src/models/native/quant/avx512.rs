@@ -289,7 +289,7 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize, 
 /// min, which [`group`]'s 16 lanes would hold twice: here lanes 0..8 take group `g`'s blocks and
 /// lanes 8..16 group `g + 1`'s, so an activation row pays one multiply-add for two groups' offsets
 /// (7.5 vector operations per activation row, weight row and group instead of 8: five-row Q4_K
-/// products 3–5 % faster). The order of the additions depends on `g` alone, as batch invariance
+/// products a few per cent faster, `docs/research/amx.md` §6). The order of the additions depends on `g` alone, as batch invariance
 /// needs.
 ///
 /// # Safety
