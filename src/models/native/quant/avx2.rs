@@ -48,11 +48,13 @@ pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        match w.bits {
-            Bits::Four => drive::<false, 4>(a, w, out, cols),
-            Bits::Five => drive::<false, 5>(a, w, out, cols),
-            Bits::Six => drive::<false, 6>(a, w, out, cols),
-            Bits::Eight => drive::<false, 8>(a, w, out, cols),
+        match (w.bits, w.scales == Scales::Super) {
+            (Bits::Four, false) => drive::<false, 4, false>(a, w, out, cols),
+            (Bits::Four, true) => drive::<false, 4, true>(a, w, out, cols),
+            (Bits::Five, false) => drive::<false, 5, false>(a, w, out, cols),
+            (Bits::Five, true) => drive::<false, 5, true>(a, w, out, cols),
+            (Bits::Six, _) => drive::<false, 6, false>(a, w, out, cols),
+            (Bits::Eight, _) => drive::<false, 8, false>(a, w, out, cols),
         }
     }
 }
@@ -67,11 +69,13 @@ pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        match w.bits {
-            Bits::Four => drive::<true, 4>(a, w, out, cols),
-            Bits::Five => drive::<true, 5>(a, w, out, cols),
-            Bits::Six => drive::<true, 6>(a, w, out, cols),
-            Bits::Eight => drive::<true, 8>(a, w, out, cols),
+        match (w.bits, w.scales == Scales::Super) {
+            (Bits::Four, false) => drive::<true, 4, false>(a, w, out, cols),
+            (Bits::Four, true) => drive::<true, 4, true>(a, w, out, cols),
+            (Bits::Five, false) => drive::<true, 5, false>(a, w, out, cols),
+            (Bits::Five, true) => drive::<true, 5, true>(a, w, out, cols),
+            (Bits::Six, _) => drive::<true, 6, false>(a, w, out, cols),
+            (Bits::Eight, _) => drive::<true, 8, false>(a, w, out, cols),
         }
     }
 }
@@ -80,9 +84,15 @@ pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
 ///
 /// # Safety
 /// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, `w.bits` of
-/// `BITS` bits, and `cols` of `out` owned by the caller.
+/// `BITS` bits, `w.scales` [`Scales::Super`] if `MINS` (see [`block_offsets`]), and `cols` of
+/// `out` owned by the caller.
 #[inline(always)]
-unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+unsafe fn drive<const VNNI: bool, const BITS: u8, const MINS: bool>(
+    a: &QActs,
+    w: &QMatrix,
+    out: OutPtr,
+    cols: Range<usize>,
+) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
@@ -95,12 +105,12 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
         for c in cols {
             for (r, g) in passes(a.rows) {
                 match g {
-                    1 => row_256::<1, VNNI, BITS>(a, w, r, c, &out),
-                    2 => row_256::<2, VNNI, BITS>(a, w, r, c, &out),
-                    3 => row_256::<3, VNNI, BITS>(a, w, r, c, &out),
-                    4 => row_256::<4, VNNI, BITS>(a, w, r, c, &out),
-                    5 => row_256::<5, VNNI, BITS>(a, w, r, c, &out),
-                    _ => row_256::<PASS_ROWS, VNNI, BITS>(a, w, r, c, &out),
+                    1 => row_256::<1, VNNI, BITS, MINS>(a, w, r, c, &out),
+                    2 => row_256::<2, VNNI, BITS, MINS>(a, w, r, c, &out),
+                    3 => row_256::<3, VNNI, BITS, MINS>(a, w, r, c, &out),
+                    4 => row_256::<4, VNNI, BITS, MINS>(a, w, r, c, &out),
+                    5 => row_256::<5, VNNI, BITS, MINS>(a, w, r, c, &out),
+                    _ => row_256::<PASS_ROWS, VNNI, BITS, MINS>(a, w, r, c, &out),
                 }
             }
         }
@@ -112,7 +122,7 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
 /// # Safety
 /// As `drive`, with `r0 + M <= a.rows` and `c` one of the caller's columns.
 #[inline(always)]
-unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8>(
+unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8, const MINS: bool>(
     a: &QActs,
     w: &QMatrix,
     r0: usize,
@@ -127,16 +137,16 @@ unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8>(
         let mut acc = [_mm256_setzero_ps(); M];
         let full = chunks / GROUP;
         for g in 0..full {
-            group::<M, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
+            group::<M, VNNI, BITS, GROUP, MINS>(&mut acc, wts, x, g * GROUP, g);
         }
         let at = full * GROUP;
         match chunks - at {
             0 => {}
-            1 => group::<M, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
-            2 => group::<M, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
+            1 => group::<M, VNNI, BITS, 1, MINS>(&mut acc, wts, x, at, full),
+            2 => group::<M, VNNI, BITS, 2, MINS>(&mut acc, wts, x, at, full),
             _ => {
-                group::<M, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
-                group::<M, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+                group::<M, VNNI, BITS, 2, MINS>(&mut acc, wts, x, at, full);
+                group::<M, VNNI, BITS, 1, MINS>(&mut acc, wts, x, at + 2, full + 1);
             }
         }
         for (r, v) in acc.iter().enumerate() {
@@ -147,13 +157,14 @@ unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8>(
 
 /// Adds the group of `C` chunks from `start` (group number `g`) of the weight row times M
 /// activation rows into `acc`, half a chunk (8 lanes) at a time: the row's half-group of codes
-/// is unpacked once for the M rows, and each product's sums are scaled once.
+/// is unpacked once for the M rows, and each product's sums are scaled once. With `MINS` the
+/// offsets are added per block instead (see [`block_offsets`]).
 ///
 /// # Safety
 /// AVX2, FMA and F16C (AVX-VNNI too when `VNNI`), inlined into a caller that has them; the
 /// group lies within the row.
 #[inline(always)]
-unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize>(
+unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize, const MINS: bool>(
     acc: &mut [__m256; M],
     w: Weights,
     x: Acts,
@@ -181,8 +192,34 @@ unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize
                 let lane = 16 * r + 8 * h;
                 let (dx, sx) = (_mm256_loadu_ps(dxg.add(lane)), _mm256_loadu_ps(sxg.add(lane)));
                 *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
-                *a = _mm256_fmadd_ps(offset, sx, *a);
+                if !MINS {
+                    *a = _mm256_fmadd_ps(offset, sx, *a);
+                }
             }
+        }
+        if MINS {
+            block_offsets(acc, w, x, g);
+        }
+    }
+}
+
+/// Adds the offsets `−dmin·mn·sx` of K-quant group `g` of the weight row times M activation rows
+/// into `acc`, one lane a block: a group's 8 blocks have 8 mins, which the halves' lanes would
+/// hold twice, so a row pays one multiply-add for them instead of two. The order of the
+/// additions depends on `g` alone, as batch invariance needs.
+///
+/// # Safety
+/// As [`group`], with `w.scales` [`Scales::Super`] and the group within the row.
+#[inline(always)]
+unsafe fn block_offsets<const M: usize>(acc: &mut [__m256; M], w: Weights, x: Acts, g: usize) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        // `sub` holds per group the 8 `sc`, then the 8 `mn`.
+        let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(w.sub.add(16 * g + 8) as *const __m128i)));
+        let offset = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), splat(*w.m.add(g))), mn);
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(offset, _mm256_loadu_ps(x.block_sums(r, 8 * g)), *a);
         }
     }
 }
