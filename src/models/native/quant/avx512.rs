@@ -86,16 +86,17 @@ unsafe fn high_bits(p: *const u8, hb: usize) -> __m512i {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k: shift each
-        // copy down by that much and keep the low hb bits of every byte.
-        let (copies, shifts, mask) = if hb == 1 {
-            (_mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), 1)
+        // Byte b of qword k (Five) or of 128-bit lane k (Six) holds its bits at hb·k: rotate each
+        // copy's qwords so that those land at bit 4 of every byte (left by 4 − hb·k, modulo 64:
+        // no byte's bits wrap into another's) and keep them.
+        let (copies, turns, mask) = if hb == 1 {
+            let v = _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64));
+            (v, _mm512_setr_epi64(4, 3, 2, 1, 0, 63, 62, 61), 0x10)
         } else {
             let v = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
-            (v, _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6), 3)
+            (v, _mm512_setr_epi64(4, 4, 2, 2, 0, 0, 62, 62), 0x30)
         };
-        let bits = _mm512_and_si512(_mm512_srlv_epi64(copies, shifts), _mm512_set1_epi8(mask));
-        _mm512_slli_epi16(bits, 4)
+        _mm512_and_si512(_mm512_rolv_epi64(copies, turns), _mm512_set1_epi8(mask))
     }
 }
 
