@@ -47,16 +47,7 @@ const AHEAD_ONE: usize = 4;
 pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
-    unsafe {
-        match (w.bits, w.scales == Scales::Super) {
-            (Bits::Four, false) => drive::<false, 4, false>(a, w, out, cols),
-            (Bits::Four, true) => drive::<false, 4, true>(a, w, out, cols),
-            (Bits::Five, false) => drive::<false, 5, false>(a, w, out, cols),
-            (Bits::Five, true) => drive::<false, 5, true>(a, w, out, cols),
-            (Bits::Six, _) => drive::<false, 6, false>(a, w, out, cols),
-            (Bits::Eight, _) => drive::<false, 8, false>(a, w, out, cols),
-        }
-    }
+    unsafe { dispatch::<false>(a, w, out, cols) }
 }
 
 /// The AVX-VNNI kernel.
@@ -68,14 +59,27 @@ pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
+    unsafe { dispatch::<true>(a, w, out, cols) }
+}
+
+/// One compiled body per code width (and for the K-quants with mins, see [`block_offsets`]), so
+/// that no test on them is left inside the loops.
+///
+/// # Safety
+/// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, and `cols` of
+/// `out` owned by the caller.
+#[inline(always)]
+unsafe fn dispatch<const VNNI: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         match (w.bits, w.scales == Scales::Super) {
-            (Bits::Four, false) => drive::<true, 4, false>(a, w, out, cols),
-            (Bits::Four, true) => drive::<true, 4, true>(a, w, out, cols),
-            (Bits::Five, false) => drive::<true, 5, false>(a, w, out, cols),
-            (Bits::Five, true) => drive::<true, 5, true>(a, w, out, cols),
-            (Bits::Six, _) => drive::<true, 6, false>(a, w, out, cols),
-            (Bits::Eight, _) => drive::<true, 8, false>(a, w, out, cols),
+            (Bits::Four, false) => drive::<VNNI, 4, false>(a, w, out, cols),
+            (Bits::Four, true) => drive::<VNNI, 4, true>(a, w, out, cols),
+            (Bits::Five, false) => drive::<VNNI, 5, false>(a, w, out, cols),
+            (Bits::Five, true) => drive::<VNNI, 5, true>(a, w, out, cols),
+            (Bits::Six, _) => drive::<VNNI, 6, false>(a, w, out, cols),
+            (Bits::Eight, _) => drive::<VNNI, 8, false>(a, w, out, cols),
         }
     }
 }
