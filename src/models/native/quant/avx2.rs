@@ -320,8 +320,9 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
 }
 
 /// The scales and offsets of the weight row on lanes `0..8` and `8..16` of the group of `C`
-/// chunks from `start` (the two halves), computed once per group: the K-quants' sub-block
-/// bytes are loaded and unpacked, and `d`/`dmin` splatted, once for both halves. (Spreading
+/// chunks from `start` (the two halves; zero offsets for the K-quants with mins, see
+/// [`block_offsets`]), computed once per group: the K-quants' sub-block bytes are loaded and
+/// unpacked, and `d` splatted, once for both halves. (Spreading
 /// one 8-lane vector of scales onto the halves with `vpermps` instead made one-row passes of
 /// the 1.5B Qwen 63 ms against 50 on Zen 3.)
 ///
@@ -343,19 +344,16 @@ unsafe fn scales<const C: usize>(w: Weights, start: usize) -> [(__m256, __m256);
                 }
             }
             Scales::Super => {
-                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; half h's
-                // lanes are bytes 8h.. of those.
+                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` (the first 8 of the group's
+                // `sub`) twice; half h's lanes are bytes 8h.. of those. The offsets are added by
+                // `block_offsets`.
                 let g = start / GROUP;
-                let bytes = _mm_loadu_si128(w.sub.add(16 * g) as *const __m128i);
-                let (sc, mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
-                let (d, dmin) = (splat(*w.d.add(g)), splat(*w.m.add(g)));
-                let dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
+                let bytes = _mm_loadl_epi64(w.sub.add(16 * g) as *const __m128i);
+                let sc = _mm_unpacklo_epi8(bytes, bytes);
+                let d = splat(*w.d.add(g));
                 let lanes = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-                let (sc1, mn1) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
-                [
-                    (_mm256_mul_ps(d, lanes(sc)), _mm256_mul_ps(dmin, lanes(mn))),
-                    (_mm256_mul_ps(d, lanes(sc1)), _mm256_mul_ps(dmin, lanes(mn1))),
-                ]
+                let zero = _mm256_setzero_ps();
+                [(_mm256_mul_ps(d, lanes(sc)), zero), (_mm256_mul_ps(d, lanes(_mm_srli_si128::<8>(sc))), zero)]
             }
             Scales::Six => {
                 // One i8 scale a lane.

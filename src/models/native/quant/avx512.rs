@@ -145,7 +145,7 @@ unsafe fn codes<const BITS: u8, const C: usize>(w: Weights, i: usize, start: usi
 }
 
 /// The scales and offsets of weight row `i` over the group of `C` chunks from `start`, one
-/// per lane.
+/// per lane (zero offsets for the K-quants with mins: see [`pair_offsets`]).
 ///
 /// # Safety
 /// AVX-512 F; the group lies within row `i`; `C` is 4 for the K-quants (whose rows are whole
@@ -166,17 +166,14 @@ unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize) -> (__m512,
                 (d, m)
             }
             Scales::Super => {
-                // The 8 `sc` then the 8 `mn` as 16 floats; lanes 2j, 2j + 1 hold block j.
+                // The 8 `sc` (the first 8 bytes of the group's `sub`) on lanes 2j, 2j + 1 for
+                // block j; the offsets are added by `pair_offsets`.
                 let g = start / GROUP;
-                let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-                let both = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                let bytes = _mm_loadl_epi64(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
                 let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-                let (sc, mn) = (
-                    _mm512_permutexvar_ps(lanes, both),
-                    _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8)), both),
-                );
-                let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
-                (_mm512_mul_ps(d, sc), _mm512_fnmadd_ps(dmin, mn, _mm512_setzero_ps()))
+                let d = splat(*w.d.add(i * per_d + g));
+                (_mm512_mul_ps(d, _mm512_permutexvar_ps(lanes, sc)), _mm512_setzero_ps())
             }
             Scales::Six => {
                 // One i8 scale a lane.
@@ -288,10 +285,10 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize, 
 /// Adds the offsets `−dmin·mn·sx` of the K-quant groups `g` and (if `both`) `g + 1` of R weight
 /// rows times M activation rows into `acc`. A group has 8 blocks of 32 values, each with one
 /// min, which [`group`]'s 16 lanes would hold twice: here lanes 0..8 take group `g`'s blocks and
-/// lanes 8..16 group `g + 1`'s, so an activation row pays one multiply-add for two groups' offsets
-/// (7.5 vector operations per activation row, weight row and group instead of 8: five-row Q4_K
-/// products a few per cent faster, `docs/research/amx.md` §6). The order of the additions depends on `g` alone, as batch invariance
-/// needs.
+/// lanes 8..16 group `g + 1`'s, so an activation row pays one multiply-add for two groups'
+/// offsets (7.5 vector operations per activation row, weight row and group instead of 8:
+/// five-row Q4_K products a few per cent faster, `docs/research/amx.md` §6). The order of the
+/// additions depends on `g` alone, as batch invariance needs.
 ///
 /// # Safety
 /// As [`group`], with `w.scales` [`Scales::Super`] and the groups within the rows.
