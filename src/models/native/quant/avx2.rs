@@ -47,7 +47,14 @@ const AHEAD_ONE: usize = 4;
 pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
-    unsafe { dispatch::<false>(a, w, out, cols) }
+    unsafe {
+        match w.bits {
+            Bits::Four => drive::<false, 4>(a, w, out, cols),
+            Bits::Five => drive::<false, 5>(a, w, out, cols),
+            Bits::Six => drive::<false, 6>(a, w, out, cols),
+            Bits::Eight => drive::<false, 8>(a, w, out, cols),
+        }
+    }
 }
 
 /// The AVX-VNNI kernel.
@@ -59,27 +66,12 @@ pub(super) unsafe fn qmatmul_avx2(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
 pub(super) unsafe fn qmatmul_avxvnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
-    unsafe { dispatch::<true>(a, w, out, cols) }
-}
-
-/// One compiled body per code width (and for the K-quants with mins, see [`block_offsets`]), so
-/// that no test on them is left inside the loops.
-///
-/// # Safety
-/// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, and `cols` of
-/// `out` owned by the caller.
-#[inline(always)]
-unsafe fn dispatch<const VNNI: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
-    // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        match (w.bits, w.scales == Scales::Super) {
-            (Bits::Four, false) => drive::<VNNI, 4, false>(a, w, out, cols),
-            (Bits::Four, true) => drive::<VNNI, 4, true>(a, w, out, cols),
-            (Bits::Five, false) => drive::<VNNI, 5, false>(a, w, out, cols),
-            (Bits::Five, true) => drive::<VNNI, 5, true>(a, w, out, cols),
-            (Bits::Six, _) => drive::<VNNI, 6, false>(a, w, out, cols),
-            (Bits::Eight, _) => drive::<VNNI, 8, false>(a, w, out, cols),
+        match w.bits {
+            Bits::Four => drive::<true, 4>(a, w, out, cols),
+            Bits::Five => drive::<true, 5>(a, w, out, cols),
+            Bits::Six => drive::<true, 6>(a, w, out, cols),
+            Bits::Eight => drive::<true, 8>(a, w, out, cols),
         }
     }
 }
@@ -88,15 +80,9 @@ unsafe fn dispatch<const VNNI: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: 
 ///
 /// # Safety
 /// As the entry points: the features (AVX-VNNI too when `VNNI`), checked sizes, `w.bits` of
-/// `BITS` bits, `w.scales` [`Scales::Super`] if `MINS` (see [`block_offsets`]), and `cols` of
-/// `out` owned by the caller.
+/// `BITS` bits, and `cols` of `out` owned by the caller.
 #[inline(always)]
-unsafe fn drive<const VNNI: bool, const BITS: u8, const MINS: bool>(
-    a: &QActs,
-    w: &QMatrix,
-    out: OutPtr,
-    cols: Range<usize>,
-) {
+unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
@@ -109,12 +95,12 @@ unsafe fn drive<const VNNI: bool, const BITS: u8, const MINS: bool>(
         for c in cols {
             for (r, g) in passes(a.rows) {
                 match g {
-                    1 => row_256::<1, VNNI, BITS, MINS>(a, w, r, c, &out),
-                    2 => row_256::<2, VNNI, BITS, MINS>(a, w, r, c, &out),
-                    3 => row_256::<3, VNNI, BITS, MINS>(a, w, r, c, &out),
-                    4 => row_256::<4, VNNI, BITS, MINS>(a, w, r, c, &out),
-                    5 => row_256::<5, VNNI, BITS, MINS>(a, w, r, c, &out),
-                    _ => row_256::<PASS_ROWS, VNNI, BITS, MINS>(a, w, r, c, &out),
+                    1 => row_256::<1, VNNI, BITS>(a, w, r, c, &out),
+                    2 => row_256::<2, VNNI, BITS>(a, w, r, c, &out),
+                    3 => row_256::<3, VNNI, BITS>(a, w, r, c, &out),
+                    4 => row_256::<4, VNNI, BITS>(a, w, r, c, &out),
+                    5 => row_256::<5, VNNI, BITS>(a, w, r, c, &out),
+                    _ => row_256::<PASS_ROWS, VNNI, BITS>(a, w, r, c, &out),
                 }
             }
         }
@@ -126,7 +112,7 @@ unsafe fn drive<const VNNI: bool, const BITS: u8, const MINS: bool>(
 /// # Safety
 /// As `drive`, with `r0 + M <= a.rows` and `c` one of the caller's columns.
 #[inline(always)]
-unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8, const MINS: bool>(
+unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8>(
     a: &QActs,
     w: &QMatrix,
     r0: usize,
@@ -141,16 +127,16 @@ unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8, const MINS: 
         let mut acc = [_mm256_setzero_ps(); M];
         let full = chunks / GROUP;
         for g in 0..full {
-            group::<M, VNNI, BITS, GROUP, MINS>(&mut acc, wts, x, g * GROUP, g);
+            group::<M, VNNI, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
         }
         let at = full * GROUP;
         match chunks - at {
             0 => {}
-            1 => group::<M, VNNI, BITS, 1, MINS>(&mut acc, wts, x, at, full),
-            2 => group::<M, VNNI, BITS, 2, MINS>(&mut acc, wts, x, at, full),
+            1 => group::<M, VNNI, BITS, 1>(&mut acc, wts, x, at, full),
+            2 => group::<M, VNNI, BITS, 2>(&mut acc, wts, x, at, full),
             _ => {
-                group::<M, VNNI, BITS, 2, MINS>(&mut acc, wts, x, at, full);
-                group::<M, VNNI, BITS, 1, MINS>(&mut acc, wts, x, at + 2, full + 1);
+                group::<M, VNNI, BITS, 2>(&mut acc, wts, x, at, full);
+                group::<M, VNNI, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
             }
         }
         for (r, v) in acc.iter().enumerate() {
@@ -161,14 +147,13 @@ unsafe fn row_256<const M: usize, const VNNI: bool, const BITS: u8, const MINS: 
 
 /// Adds the group of `C` chunks from `start` (group number `g`) of the weight row times M
 /// activation rows into `acc`, half a chunk (8 lanes) at a time: the row's half-group of codes
-/// is unpacked once for the M rows, and each product's sums are scaled once. With `MINS` the
-/// offsets are added per block instead (see [`block_offsets`]).
+/// is unpacked once for the M rows, and each product's sums are scaled once.
 ///
 /// # Safety
 /// AVX2, FMA and F16C (AVX-VNNI too when `VNNI`), inlined into a caller that has them; the
 /// group lies within the row.
 #[inline(always)]
-unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize, const MINS: bool>(
+unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize>(
     acc: &mut [__m256; M],
     w: Weights,
     x: Acts,
@@ -196,34 +181,8 @@ unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize
                 let lane = 16 * r + 8 * h;
                 let (dx, sx) = (_mm256_loadu_ps(dxg.add(lane)), _mm256_loadu_ps(sxg.add(lane)));
                 *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, dx), *a);
-                if !MINS {
-                    *a = _mm256_fmadd_ps(offset, sx, *a);
-                }
+                *a = _mm256_fmadd_ps(offset, sx, *a);
             }
-        }
-        if MINS {
-            block_offsets(acc, w, x, g);
-        }
-    }
-}
-
-/// Adds the offsets `−dmin·mn·sx` of K-quant group `g` of the weight row times M activation rows
-/// into `acc`, one lane a block: a group's 8 blocks have 8 mins, which the halves' lanes would
-/// hold twice, so a row pays one multiply-add for them instead of two. The order of the
-/// additions depends on `g` alone, as batch invariance needs.
-///
-/// # Safety
-/// As [`group`], with `w.scales` [`Scales::Super`] and the group within the row.
-#[inline(always)]
-unsafe fn block_offsets<const M: usize>(acc: &mut [__m256; M], w: Weights, x: Acts, g: usize) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
-    // target features it is compiled for); the operations below rely on nothing else.
-    unsafe {
-        // `sub` holds per group the 8 `sc`, then the 8 `mn`.
-        let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(w.sub.add(16 * g + 8) as *const __m128i)));
-        let offset = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), splat(*w.m.add(g))), mn);
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(offset, _mm256_loadu_ps(x.block_sums(r, 8 * g)), *a);
         }
     }
 }
@@ -320,9 +279,8 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
 }
 
 /// The scales and offsets of the weight row on lanes `0..8` and `8..16` of the group of `C`
-/// chunks from `start` (the two halves; zero offsets for the K-quants with mins, see
-/// [`block_offsets`]), computed once per group: the K-quants' sub-block bytes are loaded and
-/// unpacked, and `d` splatted, once for both halves. (Spreading
+/// chunks from `start` (the two halves), computed once per group: the K-quants' sub-block
+/// bytes are loaded and unpacked, and `d`/`dmin` splatted, once for both halves. (Spreading
 /// one 8-lane vector of scales onto the halves with `vpermps` instead made one-row passes of
 /// the 1.5B Qwen 63 ms against 50 on Zen 3.)
 ///
@@ -344,16 +302,19 @@ unsafe fn scales<const C: usize>(w: Weights, start: usize) -> [(__m256, __m256);
                 }
             }
             Scales::Super => {
-                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` (the first 8 of the group's
-                // `sub`) twice; half h's lanes are bytes 8h.. of those. The offsets are added by
-                // `block_offsets`.
+                // Lanes 2j, 2j + 1 hold block j: each byte of `sc` and `mn` twice; half h's
+                // lanes are bytes 8h.. of those.
                 let g = start / GROUP;
-                let bytes = _mm_loadl_epi64(w.sub.add(16 * g) as *const __m128i);
-                let sc = _mm_unpacklo_epi8(bytes, bytes);
-                let d = splat(*w.d.add(g));
+                let bytes = _mm_loadu_si128(w.sub.add(16 * g) as *const __m128i);
+                let (sc, mn) = (_mm_unpacklo_epi8(bytes, bytes), _mm_unpackhi_epi8(bytes, bytes));
+                let (d, dmin) = (splat(*w.d.add(g)), splat(*w.m.add(g)));
+                let dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
                 let lanes = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-                let zero = _mm256_setzero_ps();
-                [(_mm256_mul_ps(d, lanes(sc)), zero), (_mm256_mul_ps(d, lanes(_mm_srli_si128::<8>(sc))), zero)]
+                let (sc1, mn1) = (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn));
+                [
+                    (_mm256_mul_ps(d, lanes(sc)), _mm256_mul_ps(dmin, lanes(mn))),
+                    (_mm256_mul_ps(d, lanes(sc1)), _mm256_mul_ps(dmin, lanes(mn1))),
+                ]
             }
             Scales::Six => {
                 // One i8 scale a lane.

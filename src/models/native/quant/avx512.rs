@@ -28,27 +28,21 @@ pub(super) unsafe fn qmatmul_vnni(a: &QActs, w: &QMatrix, out: OutPtr, cols: Ran
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         // One compiled kernel per code width, so that no test on it is left inside the loops.
-        // The K-quants with mins (Q4_K, Q5_K) add their offsets two groups at a time.
-        let pairs = w.scales == Scales::Super;
-        match (w.bits, pairs) {
-            (Bits::Four, false) => tiles::<4, false>(a, w, out, cols),
-            (Bits::Four, true) => tiles::<4, true>(a, w, out, cols),
-            (Bits::Five, false) => tiles::<5, false>(a, w, out, cols),
-            (Bits::Five, true) => tiles::<5, true>(a, w, out, cols),
-            (Bits::Six, _) => tiles::<6, false>(a, w, out, cols),
-            (Bits::Eight, _) => tiles::<8, false>(a, w, out, cols),
+        match w.bits {
+            Bits::Four => tiles::<4>(a, w, out, cols),
+            Bits::Five => tiles::<5>(a, w, out, cols),
+            Bits::Six => tiles::<6>(a, w, out, cols),
+            Bits::Eight => tiles::<8>(a, w, out, cols),
         }
     }
 }
 
-/// [`qmatmul_vnni`] for codes of `BITS` bits, with the offsets of `PAIRS` groups at a time
-/// (see [`pair_offsets`]).
+/// [`qmatmul_vnni`] for codes of `BITS` bits.
 ///
 /// # Safety
-/// As [`qmatmul_vnni`], with `w.bits` of `BITS` bits, and `w.scales` [`Scales::Super`] if
-/// `PAIRS`.
+/// As [`qmatmul_vnni`], with `w.bits` of `BITS` bits.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tiles<const BITS: u8, const PAIRS: bool>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
+unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range<usize>) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
@@ -57,18 +51,18 @@ unsafe fn tiles<const BITS: u8, const PAIRS: bool>(a: &QActs, w: &QMatrix, out: 
             let tile = if cols.end - c >= TILE { TILE } else { 1 };
             for (r, g) in passes(a.rows) {
                 match (g, tile) {
-                    (1, TILE) => tile_vnni::<1, TILE, BITS, PAIRS>(a, w, r, c, out),
-                    (2, TILE) => tile_vnni::<2, TILE, BITS, PAIRS>(a, w, r, c, out),
-                    (3, TILE) => tile_vnni::<3, TILE, BITS, PAIRS>(a, w, r, c, out),
-                    (4, TILE) => tile_vnni::<4, TILE, BITS, PAIRS>(a, w, r, c, out),
-                    (5, TILE) => tile_vnni::<5, TILE, BITS, PAIRS>(a, w, r, c, out),
-                    (_, TILE) => tile_vnni::<PASS_ROWS, TILE, BITS, PAIRS>(a, w, r, c, out),
-                    (1, _) => tile_vnni::<1, 1, BITS, PAIRS>(a, w, r, c, out),
-                    (2, _) => tile_vnni::<2, 1, BITS, PAIRS>(a, w, r, c, out),
-                    (3, _) => tile_vnni::<3, 1, BITS, PAIRS>(a, w, r, c, out),
-                    (4, _) => tile_vnni::<4, 1, BITS, PAIRS>(a, w, r, c, out),
-                    (5, _) => tile_vnni::<5, 1, BITS, PAIRS>(a, w, r, c, out),
-                    _ => tile_vnni::<PASS_ROWS, 1, BITS, PAIRS>(a, w, r, c, out),
+                    (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
+                    (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
+                    (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
+                    (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
+                    (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, r, c, out),
+                    (_, TILE) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, r, c, out),
+                    (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
+                    (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
+                    (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
+                    (4, _) => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
+                    (5, _) => tile_vnni::<5, 1, BITS>(a, w, r, c, out),
+                    _ => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, r, c, out),
                 }
             }
             c += tile;
@@ -145,7 +139,7 @@ unsafe fn codes<const BITS: u8, const C: usize>(w: Weights, i: usize, start: usi
 }
 
 /// The scales and offsets of weight row `i` over the group of `C` chunks from `start`, one
-/// per lane (zero offsets for the K-quants with mins: see [`pair_offsets`]).
+/// per lane.
 ///
 /// # Safety
 /// AVX-512 F; the group lies within row `i`; `C` is 4 for the K-quants (whose rows are whole
@@ -166,14 +160,17 @@ unsafe fn scales<const C: usize>(w: Weights, i: usize, start: usize) -> (__m512,
                 (d, m)
             }
             Scales::Super => {
-                // The 8 `sc` (the first 8 bytes of the group's `sub`) on lanes 2j, 2j + 1 for
-                // block j; the offsets are added by `pair_offsets`.
+                // The 8 `sc` then the 8 `mn` as 16 floats; lanes 2j, 2j + 1 hold block j.
                 let g = start / GROUP;
-                let bytes = _mm_loadl_epi64(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                let bytes = _mm_loadu_si128(w.sub.add(i * per_sub + 16 * g) as *const __m128i);
+                let both = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
                 let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-                let d = splat(*w.d.add(i * per_d + g));
-                (_mm512_mul_ps(d, _mm512_permutexvar_ps(lanes, sc)), _mm512_setzero_ps())
+                let (sc, mn) = (
+                    _mm512_permutexvar_ps(lanes, both),
+                    _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8)), both),
+                );
+                let (d, dmin) = (splat(*w.d.add(i * per_d + g)), splat(*w.m.add(i * per_m + g)));
+                (_mm512_mul_ps(d, sc), _mm512_fnmadd_ps(dmin, mn, _mm512_setzero_ps()))
             }
             Scales::Six => {
                 // One i8 scale a lane.
@@ -229,14 +226,13 @@ unsafe fn per_block<const C: usize>(p: *const u16) -> __m512 {
 
 /// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
 /// activation rows into `acc`. The R rows' codes are unpacked once and held for the M rows;
-/// each product sums its C chunks in one i32 register and is scaled once. With `PAIRS` the
-/// offsets are left to [`pair_offsets`].
+/// each product sums its C chunks in one i32 register and is scaled once.
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI (inlined into a caller that has them); the group lies within the
 /// rows.
 #[inline(always)]
-unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize, const PAIRS: bool>(
+unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     acc: &mut [[__m512; R]; M],
     w: Weights,
     x: Acts,
@@ -274,59 +270,6 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize, 
                     dot = _mm512_dpbusd_epi32(dot, q[i][c], xs[c]);
                 }
                 acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale[i], dx), acc[r][i]);
-                if !PAIRS {
-                    acc[r][i] = _mm512_fmadd_ps(offset[i], sx, acc[r][i]);
-                }
-            }
-        }
-    }
-}
-
-/// Adds the offsets `−dmin·mn·sx` of the K-quant groups `g` and (if `both`) `g + 1` of R weight
-/// rows times M activation rows into `acc`. A group has 8 blocks of 32 values, each with one
-/// min, which [`group`]'s 16 lanes would hold twice: here lanes 0..8 take group `g`'s blocks and
-/// lanes 8..16 group `g + 1`'s, so an activation row pays one multiply-add for two groups'
-/// offsets (7.5 vector operations per activation row, weight row and group instead of 8:
-/// five-row Q4_K products a few per cent faster, `docs/research/amx.md` §6). The order of the
-/// additions depends on `g` alone, as batch invariance needs.
-///
-/// # Safety
-/// As [`group`], with `w.scales` [`Scales::Super`] and the groups within the rows.
-#[inline(always)]
-unsafe fn pair_offsets<const M: usize, const R: usize>(
-    acc: &mut [[__m512; R]; M],
-    w: Weights,
-    x: Acts,
-    g: usize,
-    both: bool,
-) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
-    // target features it is compiled for); the operations below rely on nothing else.
-    unsafe {
-        let (_, per_m, per_sub) = w.per_row;
-        let mut offset = [_mm512_setzero_ps(); R];
-        for i in 0..R {
-            // `sub` holds per group the 8 `sc`, then the 8 `mn`.
-            let sub = w.sub.add(i * per_sub + 16 * g + 8);
-            let dmin = w.m.add(i * per_m + g);
-            let (mn, dmin) = if both {
-                let two = _mm_cvtsi32_si128(std::ptr::read_unaligned(dmin as *const i32));
-                let lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-                let mins = _mm_unpacklo_epi64(
-                    _mm_loadl_epi64(sub as *const __m128i),
-                    _mm_loadl_epi64(sub.add(16) as *const __m128i),
-                );
-                (mins, _mm512_permutexvar_ps(lanes, _mm512_cvtph_ps(_mm256_castsi128_si256(two))))
-            } else {
-                (_mm_loadl_epi64(sub as *const __m128i), splat(*dmin))
-            };
-            let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn));
-            offset[i] = _mm512_fnmadd_ps(dmin, mn, _mm512_setzero_ps());
-        }
-        let lanes: __mmask16 = if both { 0xFFFF } else { 0x00FF };
-        for r in 0..M {
-            let sx = _mm512_maskz_loadu_ps(lanes, x.block_sums(r, 8 * g));
-            for i in 0..R {
                 acc[r][i] = _mm512_fmadd_ps(offset[i], sx, acc[r][i]);
             }
         }
@@ -339,7 +282,7 @@ unsafe fn pair_offsets<const M: usize, const R: usize>(
 /// As `qmatmul_vnni`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8, const PAIRS: bool>(
+unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
     a: &QActs,
     w: &QMatrix,
     r0: usize,
@@ -354,20 +297,16 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8, const PAIRS:
         let mut acc = [[_mm512_setzero_ps(); R]; M];
         let full = chunks / GROUP;
         for g in 0..full {
-            group::<M, R, BITS, GROUP, PAIRS>(&mut acc, wts, x, g * GROUP, g);
-            // (K-quant rows are whole groups: no tail below.)
-            if PAIRS && (g % 2 == 1 || g + 1 == full) {
-                pair_offsets::<M, R>(&mut acc, wts, x, g - g % 2, g % 2 == 1);
-            }
+            group::<M, R, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
         }
         let at = full * GROUP;
         match chunks - at {
             0 => {}
-            1 => group::<M, R, BITS, 1, PAIRS>(&mut acc, wts, x, at, full),
-            2 => group::<M, R, BITS, 2, PAIRS>(&mut acc, wts, x, at, full),
+            1 => group::<M, R, BITS, 1>(&mut acc, wts, x, at, full),
+            2 => group::<M, R, BITS, 2>(&mut acc, wts, x, at, full),
             _ => {
-                group::<M, R, BITS, 2, PAIRS>(&mut acc, wts, x, at, full);
-                group::<M, R, BITS, 1, PAIRS>(&mut acc, wts, x, at + 2, full + 1);
+                group::<M, R, BITS, 2>(&mut acc, wts, x, at, full);
+                group::<M, R, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
             }
         }
         for r in 0..M {

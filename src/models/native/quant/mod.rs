@@ -606,9 +606,6 @@ struct Acts {
     xq: *const i8,
     dx: *const f32,
     sx: *const f32,
-    /// The pass's first row's `sx` per 32-value block (natural order), `blocks` a row.
-    block_sx: *const f32,
-    blocks: usize,
     rows: usize,
 }
 
@@ -626,8 +623,6 @@ impl Acts {
                 xq: a.xq.as_ptr().add(r0 * a.padded),
                 dx: a.lane_dx.as_ptr().add(r0 * groups * 16),
                 sx: a.lane_sx.as_ptr().add(r0 * groups * 16),
-                block_sx: a.sx.as_ptr().add(r0 * (a.padded / 32)),
-                blocks: a.padded / 32,
                 rows,
             }
         }
@@ -653,16 +648,6 @@ impl Acts {
     unsafe fn lanes(&self, g: usize) -> (*const f32, *const f32) {
         // SAFETY: within the pass's block by the caller's contract.
         unsafe { (self.dx.add(g * self.rows * 16), self.sx.add(g * self.rows * 16)) }
-    }
-
-    /// Row `r`'s `sx` of the 32-value blocks from block `b` on (natural order).
-    ///
-    /// # Safety
-    /// `r` is a row of the pass and `b` a block of the rows.
-    #[inline(always)]
-    unsafe fn block_sums(&self, r: usize, b: usize) -> *const f32 {
-        // SAFETY: within the rows' `sx` by the caller's contract.
-        unsafe { self.block_sx.add(r * self.blocks + b) }
     }
 }
 
