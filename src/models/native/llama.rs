@@ -19,6 +19,7 @@ use crate::models::native::matmul::{matmul_parallel, Packed};
 use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
 use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
+use crate::models::native::requant::requantize;
 use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
 use crate::tree::TreeShape;
 use candle_core::quantized::QTensor;
@@ -50,10 +51,7 @@ impl Matrix {
             let (rows, cols) = t.shape().dims2()?;
             loaded.push(match format.held(t.dtype(), cols, QMatrix::supports) {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
-                Some(q) => {
-                    let requant = QTensor::quantize(&t.dequantize(&Device::Cpu)?, q)?;
-                    Self::Quant(QMatrix::from_ggml(q, &requant.data()?, rows, cols)?)
-                }
+                Some(q) => Self::Quant(QMatrix::from_ggml(q, &requantize(&t, q, rows, cols)?, rows, cols)?),
                 None => {
                     Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols))
                 }

@@ -12,5 +12,6 @@ pub mod out_ptr;
 pub(crate) mod pool;
 #[doc(hidden)]
 pub mod quant;
+mod requant;
 
 pub(crate) use llama::{NativeCache, NativeWeights};
