@@ -27,8 +27,9 @@ struct Args {
     #[arg(long)]
     target: Option<String>,
     /// Draft model (same kinds as --target); short for `--drafter model:DRAFT` (with
-    /// `--drafter ngram+model`, the model of that pair). `PATH@q4_1` (or another weight
-    /// format) re-quantizes the draft's weights at load: still exact, and cheaper.
+    /// `--drafter ngram+model`, the model of that pair). Its weights are held compact: types
+    /// wider than Q4_1's 5 bits a weight are re-quantized to Q4_1 at load (still exact, and
+    /// cheaper); `PATH@stored` keeps the file's, `PATH@q4_0` (or another format) picks one.
     #[arg(long)]
     draft: Option<String>,
     /// Build the draft by quantizing the target's weights (q8_0, q4_0, q4_1, q4k, ...); short

@@ -38,7 +38,8 @@ struct Args {
     /// special tokens) or all. Default: 65536, for vocabularies of more than 1.5 times as many.
     #[arg(long)]
     draft_vocab: Option<String>,
-    /// Drafters, comma-separated: model[:PATH], ngram, layerskip:N, quant:TYPE, draft heads
+    /// Drafters, comma-separated: model[:PATH[@FORMAT]] (a draft file's weights compact unless
+    /// FORMAT says otherwise, e.g. @stored), ngram, layerskip:N, quant:TYPE, draft heads
     /// eagle:PATH, eagle3:PATH, medusa:PATH (scripts/train-heads.sh trains them), and models
     /// with another tokenizer cross:text:PATH, cross:intersection:PATH.
     #[arg(long, default_value = "model,quant:q8_0,quant:q4_0,ngram")]

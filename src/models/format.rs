@@ -14,6 +14,17 @@ pub enum WeightFormat {
     Stored,
     /// Re-quantized at load to this GGUF block type (a quantized self-draft).
     Quantized(GgmlDType),
+    /// At most Q4_1's 5 bits a weight, a draft's default: a matrix stored in a type as narrow
+    /// (Q4_0, Q4_1, Q4_K) stays as stored, any other (Q5_x, Q6_K, Q8_0, f16, f32, and types
+    /// the engine has no kernel for) is re-quantized to Q4_1. A draft's weights only change
+    /// which tokens it proposes, never what decoding emits, and a draft that streams fewer
+    /// bytes costs less a token.
+    Compact,
+}
+
+/// Bits a weight of a GGUF type takes, its block's scales included.
+fn bits_per_weight(t: GgmlDType) -> f64 {
+    (8 * t.type_size()) as f64 / t.block_size() as f64
 }
 
 impl WeightFormat {
@@ -39,6 +50,8 @@ impl WeightFormat {
             Self::Stored if supported(stored) => stored,
             Self::Stored => GgmlDType::Q8_0,
             Self::Quantized(q) => q,
+            Self::Compact if bits_per_weight(stored) <= bits_per_weight(GgmlDType::Q4_1) && supported(stored) => stored,
+            Self::Compact => GgmlDType::Q4_1,
         };
         let fits = |q: GgmlDType| cols.is_multiple_of(q.block_size());
         let q = match wanted {
@@ -54,11 +67,13 @@ impl WeightFormat {
 impl std::str::FromStr for WeightFormat {
     type Err = Error;
 
-    /// `f32`, `stored`, or a block type: `q8_0`, `q4_0`, `q4_1`, `q4k`, `q5k`, `q6k`, `q8k`.
+    /// `f32`, `stored`, `compact`, or a block type: `q8_0`, `q4_0`, `q4_1`, `q4k`, `q5k`, `q6k`,
+    /// `q8k`.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "f32" => Self::F32,
             "stored" => Self::Stored,
+            "compact" => Self::Compact,
             "q8_0" => Self::Quantized(GgmlDType::Q8_0),
             "q4_0" => Self::Quantized(GgmlDType::Q4_0),
             "q4_1" => Self::Quantized(GgmlDType::Q4_1),
@@ -71,7 +86,7 @@ impl std::str::FromStr for WeightFormat {
                 return Err(Error::setting(
                     "weight format",
                     s,
-                    "f32, stored, q8_0, q4_0, q4_1, q5_0, q4k, q5k, q6k or q8k",
+                    "f32, stored, compact, q8_0, q4_0, q4_1, q5_0, q4k, q5k, q6k or q8k",
                 ))
             }
         })
@@ -83,6 +98,7 @@ impl std::fmt::Display for WeightFormat {
         match self {
             Self::F32 => write!(f, "f32"),
             Self::Stored => write!(f, "stored"),
+            Self::Compact => write!(f, "compact"),
             Self::Quantized(t) => write!(f, "{}", format!("{t:?}").to_ascii_lowercase()),
         }
     }
@@ -107,5 +123,16 @@ mod tests {
         assert_eq!(WeightFormat::Quantized(Q6K).held(F32, 896, all), Some(Q8_0));
         assert_eq!(WeightFormat::Quantized(Q8_0).held(F32, 30, all), None);
         assert_eq!(WeightFormat::Quantized(Q4_0).held(Q4_0, 64, all), Some(Q4_0));
+        // Compact: types of at most 5 bits a weight stay, wider ones and dense weights become
+        // Q4_1, and so do narrow types the engine has no kernel for.
+        let compact = |t, cols, ok: &dyn Fn(GgmlDType) -> bool| WeightFormat::Compact.held(t, cols, ok);
+        for t in [Q4_0, Q4_1, Q4K] {
+            assert_eq!(compact(t, 256, &all), Some(t), "{t:?}");
+        }
+        for t in [Q5_0, Q5_1, Q5K, Q6K, Q8_0, F16, F32] {
+            assert_eq!(compact(t, 256, &all), Some(Q4_1), "{t:?}");
+        }
+        assert_eq!(compact(Q3K, 256, &no_q3k), Some(Q4_1));
+        assert_eq!(compact(F32, 30, &all), None);
     }
 }

@@ -204,7 +204,7 @@ impl NativeWeights {
     /// True for the weight formats this engine computes with.
     pub fn supports(format: WeightFormat) -> bool {
         match format {
-            WeightFormat::F32 | WeightFormat::Stored => true,
+            WeightFormat::F32 | WeightFormat::Stored | WeightFormat::Compact => true,
             WeightFormat::Quantized(q) => QMatrix::supports(q),
         }
     }
