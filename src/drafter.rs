@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "heads")]
 use crate::heads::{EagleVersion, HeadDraft};
 use crate::loading::{check_compatible, ModelFiles};
-use crate::model::{BatchDraft, DraftModel, Proposal, TokenModel};
+use crate::model::{DraftModel, Proposal, TokenModel};
 use crate::models::{Llama, WeightFormat};
 use crate::tokenizer::Tokenizer;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -346,9 +346,7 @@ impl DraftModel for Drafter {
             Self::Cross(c) => c.propose_tree(tokens, budget, picker),
         }
     }
-}
 
-impl BatchDraft for Drafter {
     /// Model drafters over shared weights propose in one forward pass; any other mix proposes
     /// one sequence at a time.
     fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>> {

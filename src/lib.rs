@@ -134,7 +134,7 @@ pub mod toy;
 pub mod tree;
 
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
-pub use batch::{BatchDecoder, BatchPolicy, Request, SeqId};
+pub use batch::{BatchDecoder, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder};
 pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabMap};
 #[cfg(feature = "llama")]
@@ -142,7 +142,7 @@ pub use drafter::{Drafter, DrafterSpec, DRAFT_VOCAB};
 pub use error::{Error, Result};
 #[cfg(feature = "llama")]
 pub use loading::{check_compatible, device, ModelFiles};
-pub use model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
+pub use model::{DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
 #[cfg(feature = "models")]
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;

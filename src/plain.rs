@@ -1,14 +1,18 @@
 //! Plain autoregressive decoding of a [`TargetModel`]: one target call per token, the baseline
 //! every speedup is measured against.
 
-use crate::decoder::{NoDraft, Sequence};
+use std::ops::ControlFlow;
+
+use crate::adaptive::{Acceptance, CostModel, KPolicy, Prober, TreePolicy};
+use crate::decoder::{Driver, Member, NoDraft, SeqId, Start};
 use crate::error::Result;
 use crate::model::TargetModel;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, Generation};
 use crate::stop::StopRule;
 
-/// Samples one token per target call with the given settings.
+/// Samples one token per target call with the given settings: the round driver under
+/// [`KPolicy::Plain`], with a draft that never proposes.
 ///
 /// # Example
 /// ```
@@ -19,43 +23,55 @@ use crate::stop::StopRule;
 /// # Ok::<(), specdec::Error>(())
 /// ```
 pub struct PlainDecoder<T> {
-    /// The sequence engine with a draft that never proposes: every round is a plain step.
-    seq: Sequence<NoDraft, T>,
+    /// A batch of one under the plain policy.
+    driver: Driver<T, NoDraft>,
 }
 
 impl<T: TargetModel> PlainDecoder<T> {
     /// A decoder with 128 new tokens and no stop token.
     pub fn new(target: T, sampling: SamplingConfig) -> Self {
         let draft = NoDraft { vocab: target.vocab_size() };
-        Self { seq: Sequence::new(target, draft, sampling, StopRule::default(), Clock::wall()) }
+        let start = Start {
+            sampling,
+            stop: StopRule::default(),
+            fixed_k: None,
+            policy: KPolicy::Plain,
+            tree: TreePolicy::Never,
+            estimates: (Acceptance::new(), Prober::default()),
+            clock: Clock::wall(),
+        };
+        let mut driver = Driver::new(KPolicy::Plain, CostModel::default(), Clock::wall());
+        driver.members.push(Member::new(SeqId(0), target, draft, start));
+        Self { driver }
     }
 
     /// Where the reported times are read (default the wall clock; see [`Clock`]).
     pub fn clock(mut self, clock: Clock) -> Self {
-        self.seq.clock = clock;
+        self.driver.clock = clock.clone();
+        self.member_mut().seq.clock = clock;
         self
     }
 
     /// The most tokens one generation produces.
     pub fn max_new_tokens(mut self, n: usize) -> Self {
-        self.seq.stop.max_new_tokens = n;
+        self.member_mut().seq.stop.max_new_tokens = n;
         self
     }
 
     /// Tokens that end a generation.
     pub fn stop_tokens(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
-        self.seq.stop.stop_tokens = tokens.into_iter().collect();
+        self.member_mut().seq.stop.stop_tokens = tokens.into_iter().collect();
         self
     }
 
     /// The target model.
     pub fn target(&self) -> &T {
-        &self.seq.target
+        &self.member().seq.target
     }
 
     /// Gives the model back.
-    pub fn into_inner(self) -> T {
-        self.seq.target
+    pub fn into_inner(mut self) -> T {
+        self.driver.members.swap_remove(0).seq.target
     }
 
     /// Generates from `prompt`.
@@ -63,30 +79,41 @@ impl<T: TargetModel> PlainDecoder<T> {
     /// # Errors
     /// Bad prompts, stop tokens outside the vocabulary, model failures.
     pub fn generate(&mut self, prompt: &[u32]) -> Result<Generation> {
-        self.generate_with(prompt, |_| {})
+        self.generate_with(prompt, |_| ControlFlow::Continue(()))
     }
 
     /// Like [`generate`](Self::generate), calling `on_tokens` with each new token (as a
-    /// one-token slice, the same callback type as
-    /// [`SpeculativeDecoder::generate_with`](crate::SpeculativeDecoder::generate_with)).
+    /// one-token slice, the same callback as
+    /// [`SpeculativeDecoder::generate_with`](crate::SpeculativeDecoder::generate_with));
+    /// `ControlFlow::Break(())` stops the generation there.
     ///
     /// # Errors
     /// As [`generate`](Self::generate).
-    pub fn generate_with(&mut self, prompt: &[u32], mut on_tokens: impl FnMut(&[u32])) -> Result<Generation> {
-        let s = &mut self.seq;
-        s.check()?;
-        s.start(prompt, false)?;
-        let start = s.clock.seconds();
-        while s.finish().is_none() {
-            // An empty block: the target scores the pending token, and the kernel's bonus path
-            // draws the next token from its row (argmax, coupled race or a plain draw).
-            s.new_block();
-            let verdict = s.verify()?;
-            let before = s.ctx().len();
-            s.keep(&verdict.tokens);
-            on_tokens(&s.ctx()[before..]);
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        mut on_tokens: impl FnMut(&[u32]) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        let m = self.member_mut();
+        m.seq.check()?;
+        m.seq.start(prompt, false)?;
+        self.driver.ready = true;
+        while self.member().seq.finish().is_none() {
+            let before = self.member().seq.ctx().len();
+            self.driver.step()?;
+            let m = self.member_mut();
+            if on_tokens(&m.seq.ctx()[before..]).is_break() {
+                m.seq.cancel();
+            }
         }
-        s.stats.decode_secs = s.clock.seconds() - start;
-        Ok(s.generation())
+        Ok(self.member().seq.generation())
+    }
+
+    fn member(&self) -> &Member<T, NoDraft> {
+        &self.driver.members[0]
+    }
+
+    fn member_mut(&mut self) -> &mut Member<T, NoDraft> {
+        &mut self.driver.members[0]
     }
 }

@@ -73,11 +73,14 @@ impl Clock {
 /// Why a generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FinishReason {
     /// `max_new_tokens` tokens were produced.
     Length,
     /// A stop token was produced (it is the last token of the output).
     Stop,
+    /// The caller stopped it (a streaming callback's `ControlFlow::Break`, or a cancel).
+    Cancelled,
 }
 
 /// Counters and timings of one generation. Times are in seconds.

@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, BatchTarget, DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
+use crate::model::{DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
 
 /// A Markov model over `vocab` tokens whose next-token row depends on the last `order` tokens
 /// (missing positions at the start of a context count as token 0).
@@ -223,9 +223,6 @@ impl Vocabulary for ToyVocab {
     }
 }
 
-impl BatchTarget for MarkovModel {}
-
-impl BatchDraft for PointDraft {}
 
 #[cfg(test)]
 mod tests {

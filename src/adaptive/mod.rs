@@ -8,6 +8,7 @@
 //! fixed from past rounds before the round's own random draws.
 
 mod acceptance;
+mod control;
 mod costs;
 mod policy;
 mod prober;
@@ -15,6 +16,7 @@ mod speedup;
 mod tree;
 
 pub(crate) use acceptance::Acceptance;
+pub(crate) use control::SeqControl;
 pub use costs::{Candidate, CostModel};
 pub use policy::{KPolicy, DEFAULT_MAX_K};
 use prober::measured;
@@ -24,9 +26,8 @@ pub use tree::{ShapeChooser, TreePolicy};
 
 use crate::error::Result;
 
-/// The largest k of any policy, the single decoder's ([`KPolicy`]) and the batch's
-/// ([`BatchPolicy`](crate::batch::BatchPolicy)): fixed, or the `max` of an adaptive or
-/// grow/shrink one (the adaptive policy keeps one cost estimate per block length).
+/// The largest k of any [`KPolicy`]: fixed, or the `max` of an adaptive or grow/shrink one
+/// (the adaptive policy keeps one cost estimate per block length).
 pub const MAX_K: usize = 64;
 
 /// What one round did and cost, as the decoder reports it to the [`KController`].
@@ -104,9 +105,11 @@ pub(crate) const RELAX: f64 = 0.01;
 #[derive(Debug, Clone)]
 pub struct KController {
     policy: KPolicy,
-    k: usize,
-    prober: Prober,
-    estimates: Estimates,
+    /// The sequence's share, as every decoder keeps it per sequence.
+    ctl: SeqControl,
+    costs: CostModel,
+    /// The most rows a round scores: larger reports are ignored.
+    max_rows: usize,
     /// The latest round's sequence as the cost model saw it (catch-up left out).
     candidate: Candidate,
     /// The latest round's predicted seconds, and whether it drafts.
@@ -121,17 +124,11 @@ impl KController {
     /// # Errors
     /// As [`KPolicy::check`].
     pub fn new(policy: KPolicy) -> Result<Self> {
-        let estimates = Estimates::new(match policy.check()? {
-            KPolicy::Adaptive { max } => max,
-            KPolicy::Fixed(_) | KPolicy::GrowShrink { .. } => 0,
-        });
-        let k = match policy {
-            KPolicy::Fixed(k) | KPolicy::GrowShrink { start: k, .. } => k,
-            KPolicy::Adaptive { .. } => 1,
-        };
-        let candidate = Candidate { alpha: estimates.alpha(), limit: 0, behind: 0, remaining: usize::MAX };
-        let last = RoundReport::default();
-        Ok(Self { policy, k, prober: Prober::default(), estimates, candidate, predicted: None, last })
+        let policy = policy.check()?;
+        let ctl = SeqControl::new(policy, Acceptance::new(), Prober::default());
+        let candidate = Candidate { alpha: ctl.acceptance.alpha(), limit: 0, behind: 0, remaining: usize::MAX };
+        let (costs, max_rows, last) = (CostModel::default(), policy.max() + 1, RoundReport::default());
+        Ok(Self { policy, ctl, costs, max_rows, candidate, predicted: None, last })
     }
 
     /// The policy.
@@ -141,19 +138,18 @@ impl KController {
 
     /// The k of the latest round (before any round, the k the first round will use).
     pub fn k(&self) -> usize {
-        self.k
+        self.ctl.k()
     }
 
-    /// The estimated per-position acceptance α (the prior 0.8 before any drafting; only the
-    /// adaptive policy keeps it up to date).
+    /// The estimated per-position acceptance α (the prior 0.8 before any drafting).
     pub fn alpha(&self) -> f64 {
-        self.estimates.alpha()
+        self.ctl.acceptance.alpha()
     }
 
     /// Whether the controller has stopped probing because the draft is too slow to pay
     /// whatever its acceptance (see above); it then decodes plainly.
     pub fn stopped_probing(&self) -> bool {
-        self.prober.stopped()
+        self.ctl.prober.stopped()
     }
 
     /// The k for the next round, for a draft in step and a long generation
@@ -164,16 +160,13 @@ impl KController {
 
     /// The k for the next round of a generation with `remaining` tokens left, whose draft must
     /// first catch up on `behind` tokens if it drafts (the adaptive policy prices that
-    /// catch-up, as the batch's does).
+    /// catch-up).
     pub fn next_k_for(&mut self, behind: usize, remaining: usize) -> usize {
-        if let KPolicy::Adaptive { max } = self.policy {
-            let (costs, alpha) = (&self.estimates.costs, self.estimates.alpha());
-            let limit = max.min(remaining.saturating_sub(1));
-            self.candidate = Candidate { alpha, limit, behind, remaining };
-            let best = if measured(costs) { costs.choose(&[self.candidate])[0] } else { 0 };
-            self.k = self.prober.next_k(best, max, costs, alpha);
-        }
-        self.k
+        let max = self.policy.max();
+        let limit = max.min(remaining.saturating_sub(1));
+        self.candidate = Candidate { alpha: self.alpha(), limit, behind, remaining };
+        let best = if measured(&self.costs) { self.costs.choose(&[self.candidate])[0] } else { 0 };
+        self.ctl.next_k(self.policy, best, max, &self.costs)
     }
 
     /// The k the round will draft after the drafter's block length and the generation's end
@@ -182,7 +175,7 @@ impl KController {
     pub fn planned(&mut self, k: usize) {
         if let KPolicy::Adaptive { .. } = self.policy {
             let seq = Candidate { behind: 0, ..self.candidate };
-            self.predicted = self.estimates.costs.step_secs(&[seq], &[k]).map(|p| (k > 0, p));
+            self.predicted = self.costs.step_secs(&[seq], &[k]).map(|p| (k > 0, p));
         }
     }
 
@@ -193,72 +186,35 @@ impl KController {
     }
 
     /// As [`observe`](Self::observe), with each draft call's own seconds (`draft_calls` of
-    /// them), as the batch's policy records its calls: the decoder's way.
+    /// them), as the decoders record their calls.
     pub fn observe_calls(&mut self, round: &RoundReport, draft_call_secs: &[f64]) {
-        match self.policy {
-            KPolicy::Fixed(_) => {}
-            KPolicy::GrowShrink { max, .. } => {
-                if round.accepted < round.drafted {
-                    self.k = self.k.saturating_sub(1).max(1);
-                } else if round.drafted >= self.k && self.k < max {
-                    // A block cut short (the drafter ran dry, the generation ended) says nothing
-                    // about a longer one, so only a full block grows k.
-                    self.k += 1;
-                }
+        if let KPolicy::Adaptive { .. } = self.policy {
+            // The cost model ignores impossible times; a round of more rows than the
+            // controller chooses, such as a tree's, is left out.
+            for &secs in draft_call_secs {
+                self.costs.observe_draft(1, secs);
             }
-            KPolicy::Adaptive { .. } => {
-                self.estimates.observe(round, draft_call_secs);
-                self.prober.observe(round, &self.estimates.costs, self.estimates.max_rows);
-                self.last = *round;
+            if (1..=self.max_rows).contains(&round.target_rows) {
+                self.costs.observe_target(round.target_rows, round.target_secs);
             }
+            self.last = *round;
         }
+        self.ctl.observe(self.policy, round, &self.costs, self.max_rows);
     }
 
     /// Learns a finished round's whole time, after [`observe`](Self::observe): `secs` from the
     /// choice of k to the roll-back, of which `setup` went to the draft's catch-up. The rest
     /// beside the model calls is priced per row, and the measured seconds against the
     /// prediction correct later predictions (see [`CostModel::observe_outcome`]), as the
-    /// batch's policy does after each step.
+    /// decoders do after each step.
     pub fn observe_time(&mut self, secs: f64, setup: f64) {
         if let KPolicy::Adaptive { .. } = self.policy {
             let r = &self.last;
-            let costs = &mut self.estimates.costs;
+            let costs = &mut self.costs;
             costs.observe_other(r.draft_calls + r.target_rows, secs - r.draft_secs - r.target_secs - setup);
             if let Some((drafting, predicted)) = self.predicted.take() {
                 costs.observe_outcome(drafting, predicted, secs - setup);
             }
-        }
-    }
-}
-
-/// The adaptive controller's moving estimates: acceptance, and the [`CostModel`] the batch's
-/// policy decides from too (one row a draft call).
-#[derive(Debug, Clone)]
-struct Estimates {
-    acceptance: Acceptance,
-    costs: CostModel,
-    /// The most rows a round scores: larger reports are ignored.
-    max_rows: usize,
-}
-
-impl Estimates {
-    fn new(max_k: usize) -> Self {
-        Self { acceptance: Acceptance::new(), costs: CostModel::default(), max_rows: max_k + 1 }
-    }
-
-    fn alpha(&self) -> f64 {
-        self.acceptance.alpha()
-    }
-
-    /// Counts the round's acceptance and times (the cost model ignores impossible times; a
-    /// round of more rows than the controller chooses, such as a tree's, is left out).
-    fn observe(&mut self, r: &RoundReport, draft_call_secs: &[f64]) {
-        self.acceptance.observe(r.drafted, r.accepted);
-        for &secs in draft_call_secs {
-            self.costs.observe_draft(1, secs);
-        }
-        if (1..=self.max_rows).contains(&r.target_rows) {
-            self.costs.observe_target(r.target_rows, r.target_secs);
         }
     }
 }
@@ -389,7 +345,7 @@ mod tests {
         }
         // A report that does not fit (more rows than the controller knows) is ignored too.
         ctl.observe(&RoundReport { target_rows: 99, target_secs: 1.0, ..RoundReport::default() });
-        let costs = &ctl.estimates.costs;
+        let costs = &ctl.costs;
         assert!(!costs.has_draft(1) && (0..=99).all(|m| !costs.has_target(m)));
         assert!(ctl.next_k() <= 4);
         Ok(())

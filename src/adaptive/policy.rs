@@ -4,9 +4,13 @@
 use super::MAX_K;
 use crate::error::{Error, Result};
 
-/// How the decoder chooses k each round.
+/// How k is chosen each round, for every decoder: the single one, the batch (for each of its
+/// sequences) and the plain one (`Plain`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KPolicy {
+    /// No drafting: one token per target call (plain decoding, batched in a batch).
+    Plain,
     /// Always draft this many tokens (at least 1).
     Fixed(usize),
     /// Each round, the k in `0..=max` with the best expected speedup, from the measured
@@ -28,8 +32,7 @@ pub enum KPolicy {
 }
 
 impl KPolicy {
-    /// Checks the setting (the batch's [`BatchPolicy`](crate::batch::BatchPolicy) takes the
-    /// same rules).
+    /// Checks the setting.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] for a fixed k or an adaptive `max` outside `1..=`[`MAX_K`],
@@ -49,9 +52,11 @@ impl KPolicy {
         }
     }
 
-    /// The longest block the policy allows: a fixed k, or the `max` of the others.
+    /// The longest block the policy allows: a fixed k, or the `max` of the others (0 for
+    /// plain decoding).
     pub fn max(self) -> usize {
         match self {
+            KPolicy::Plain => 0,
             KPolicy::Fixed(k) => k,
             KPolicy::Adaptive { max } | KPolicy::GrowShrink { max, .. } => max,
         }
@@ -71,15 +76,16 @@ impl Default for KPolicy {
 impl std::str::FromStr for KPolicy {
     type Err = Error;
 
-    /// `N` (fixed), `auto` or `auto:MAX` (adaptive, max 8 by default), `grow` or `grow:MAX`
-    /// (grow/shrink from 2).
+    /// `N` (fixed; `0` or `plain` for plain decoding), `auto` or `auto:MAX` (adaptive, max 8
+    /// by default), `grow` or `grow:MAX` (grow/shrink from 2).
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::setting("k", s, "N, auto, auto:MAX, grow or grow:MAX");
+        let bad = || Error::setting("k", s, "N, plain, auto, auto:MAX, grow or grow:MAX");
         let (kind, max) = s.split_once(':').map_or((s, None), |(k, m)| (k, Some(m)));
         let max = max.map(|m| m.parse::<usize>().map_err(|_| bad())).transpose()?.unwrap_or(DEFAULT_MAX_K);
         match kind {
             "auto" => Ok(KPolicy::Adaptive { max }),
             "grow" => Ok(KPolicy::GrowShrink { start: 2.min(max), max }),
+            "plain" | "0" => Ok(KPolicy::Plain),
             n => n.parse().map(KPolicy::Fixed).map_err(|_| bad()),
         }
     }
@@ -88,6 +94,7 @@ impl std::str::FromStr for KPolicy {
 impl std::fmt::Display for KPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            KPolicy::Plain => write!(f, "plain"),
             KPolicy::Fixed(k) => write!(f, "{k}"),
             KPolicy::Adaptive { max } => write!(f, "auto:{max}"),
             KPolicy::GrowShrink { max, .. } => write!(f, "grow:{max}"),
@@ -107,6 +114,9 @@ mod tests {
         assert_eq!("auto".parse::<KPolicy>()?, KPolicy::default());
         assert_eq!(KPolicy::default(), KPolicy::Adaptive { max: 8 });
         assert_eq!("4".parse::<KPolicy>()?, KPolicy::Fixed(4));
+        assert_eq!("plain".parse::<KPolicy>()?, KPolicy::Plain);
+        assert_eq!(KPolicy::Plain.to_string().parse::<KPolicy>()?, KPolicy::Plain);
+        assert!(KPolicy::Plain.check().is_ok());
         assert_eq!("auto:3".parse::<KPolicy>()?, KPolicy::Adaptive { max: 3 });
         assert_eq!("grow".parse::<KPolicy>()?, KPolicy::GrowShrink { start: 2, max: 8 });
         assert_eq!(KPolicy::default().to_string().parse::<KPolicy>()?, KPolicy::default());

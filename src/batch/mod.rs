@@ -5,34 +5,27 @@
 //! [`BatchDecoder::take_finished`]) between steps: continuous batching at the library level.
 //! Each [`step`](BatchDecoder::step) drafts for every sequence with k > 0 (one batched draft
 //! call per depth), scores every sequence's pending token and drafts in one
-//! [`BatchTarget::forward_batch`] call, and judges each sequence with the same exact kernel as
-//! the single-sequence [`SpeculativeDecoder`](crate::SpeculativeDecoder). A sequence with k = 0
-//! takes a plain step. The [`BatchPolicy`] picks the k's.
+//! [`TargetModel::forward_batch`] call, and judges each sequence with the same exact kernel as
+//! the single-sequence [`SpeculativeDecoder`](crate::SpeculativeDecoder): both run the one round
+//! driver. A sequence with k = 0 takes a plain step. The [`KPolicy`] picks the k's.
 
-mod fault;
-mod policy;
-mod sequence;
+use std::ops::ControlFlow;
 
-#[doc(hidden)]
-pub use fault::Fault;
-use fault::Injected;
-pub use policy::BatchPolicy;
-use sequence::Member;
-
-use crate::adaptive::{Acceptance, Candidate, CostModel, Prober};
+use crate::adaptive::{CostModel, KPolicy, Prober, TreePolicy};
+use crate::decoder::{Driver, Member, Start};
+pub use crate::decoder::{SeqId, MAX_ROWS};
+#[cfg(feature = "fault-injection")]
+pub use crate::decoder::Fault;
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, BatchTarget};
+use crate::model::{DraftModel, TargetModel};
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, Generation};
 use crate::stop::StopRule;
 
-/// A sequence's handle in a [`BatchDecoder`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub u64);
-
 /// What to generate for one sequence: the prompt, sampling settings (with their seed) and the
 /// stop rule.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Request {
     /// The prompt's tokens.
     pub prompt: Vec<u32>,
@@ -42,12 +35,21 @@ pub struct Request {
     pub stop: StopRule,
     /// A fixed k for this sequence alone, whatever the batch's policy (0: plain steps).
     pub k: Option<usize>,
+    /// Chains or trees for this sequence (default chains only; see [`TreePolicy`]).
+    pub tree: TreePolicy,
 }
 
 impl Request {
     /// Greedy, 128 new tokens, no stop token.
     pub fn new(prompt: Vec<u32>) -> Self {
-        Self { prompt, sampling: SamplingConfig::greedy(), stop: StopRule::default(), k: None }
+        Self { prompt, sampling: SamplingConfig::greedy(), stop: StopRule::default(), k: None, tree: TreePolicy::Never }
+    }
+
+    /// Whether this sequence's rounds draft trees (see [`TreePolicy`]): a sequence whose
+    /// chooser picks a tree runs its own tree round, the others are batched.
+    pub fn tree(mut self, policy: TreePolicy) -> Self {
+        self.tree = policy;
+        self
     }
 
     /// Drafts `k` tokens every step for this sequence, whatever the batch's policy.
@@ -77,35 +79,17 @@ impl Request {
 
 /// A finished sequence: its generation, and its models handed back for another request.
 #[derive(Debug)]
-pub struct Finished<D, T> {
+#[non_exhaustive]
+pub struct Finished<T, D> {
     /// Which sequence.
     pub id: SeqId,
     /// Its tokens, why it ended, and its statistics (times count every step it took part in).
     pub generation: Generation,
-    /// Its draft model.
-    pub draft: D,
     /// Its target model.
     pub target: T,
+    /// Its draft model.
+    pub draft: D,
 }
-
-/// What a step spent, for the cost estimates.
-struct Spent {
-    /// Seconds in draft and target calls (catch-up aside).
-    busy: f64,
-    /// Rows those calls scored.
-    rows: usize,
-    /// Seconds of choosing the k's and of the drafts' catch-up: left out of the step's rate,
-    /// as the single decoder leaves them out of its rounds'.
-    setup: f64,
-    /// For the adaptive policy, what it predicted.
-    predicted: Option<Prediction>,
-}
-
-/// Whether a step drafts, and its predicted seconds.
-type Prediction = (bool, f64);
-
-/// The most rows the adaptive policy puts in one target pass (and measures T for).
-pub const MAX_ROWS: usize = 128;
 
 /// Speculative decoding of a batch of sequences; see the [module docs](self).
 ///
@@ -126,74 +110,57 @@ pub const MAX_ROWS: usize = 128;
 /// assert_eq!(done.len(), 2);
 /// # Ok::<(), specdec::Error>(())
 /// ```
-pub struct BatchDecoder<D, T> {
-    seqs: Vec<Member<D, T>>,
-    finished: Vec<Finished<D, T>>,
-    policy: BatchPolicy,
-    costs: CostModel,
+pub struct BatchDecoder<T, D> {
+    /// The round driver, with the sequences still generating.
+    driver: Driver<T, D>,
+    finished: Vec<Finished<T, D>>,
     next_id: u64,
-    ready: bool,
-    /// The acceptance of every sequence's drafts, pooled: where a new sequence's estimate
-    /// starts (for a batch of one, its own estimate carried over, as the single decoder's
-    /// carries over from one generation to the next).
-    pool: Acceptance,
     /// The probing state of the latest finished sequence, where a new one's starts (a draft
     /// found too slow to pay stays unprobed, as in the single decoder's next generation).
     prober: Prober,
-    /// Where times are read.
-    clock: Clock,
-    /// A bug the tests inject (none otherwise).
-    fault: Injected,
 }
 
-impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
+impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// An empty batch.
     ///
     /// # Errors
-    /// [`Error::InvalidSetting`] for a policy out of range (see [`BatchPolicy::check`]).
-    pub fn new(policy: BatchPolicy) -> Result<Self> {
+    /// [`Error::InvalidSetting`] for a policy out of range (see [`KPolicy::check`]).
+    pub fn new(policy: KPolicy) -> Result<Self> {
         Self::with_costs(policy, CostModel::default())
     }
 
     /// An empty batch whose adaptive policy starts from costs measured before (say, once when
     /// a server starts, with [`CostModel::measure`]); without T(1) among them, the first
     /// adaptive step measures T(m) on its first sequence's target, which takes about as long
-    /// as scoring 1,500 rows (2 s for SmolLM2-135M in f32 on 2 cores).
+    /// as scoring 1,500 rows.
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn with_costs(policy: BatchPolicy, costs: CostModel) -> Result<Self> {
-        Ok(Self {
-            seqs: Vec::new(),
-            finished: Vec::new(),
-            policy: policy.check()?,
-            costs,
-            next_id: 0,
-            ready: true,
-            pool: Acceptance::new(),
-            prober: Prober::default(),
-            clock: Clock::wall(),
-            fault: Injected::new(None),
-        })
+    pub fn with_costs(policy: KPolicy, costs: CostModel) -> Result<Self> {
+        let driver = Driver::new(policy.check()?, costs, Clock::wall());
+        Ok(Self { driver, finished: Vec::new(), next_id: 0, prober: Prober::default() })
     }
 
     /// Where the batch reads times (default the wall clock; see [`Clock`]): its cost
     /// estimates and the sequences' statistics. Sequences added later read it too.
     pub fn with_clock(mut self, clock: Clock) -> Self {
-        self.clock = clock;
+        self.driver.clock = clock;
         self
     }
 
-    /// Injects a batch bug, for the tests that show their statistics catch it. Not for use.
-    #[doc(hidden)]
+    /// Injects a batch bug, for the tests that show their statistics catch it (feature
+    /// `fault-injection`, test-only).
+    #[cfg(feature = "fault-injection")]
     pub fn inject_fault(&mut self, fault: Fault) {
-        self.fault = Injected::new(Some(fault));
+        self.driver.fault = crate::decoder::Injected::new(Some(fault));
     }
 
     /// Adds a sequence that generates `request` with its own `target` and `draft` (target
     /// first, as [`SpeculativeDecoder::builder`](crate::SpeculativeDecoder::builder); for
     /// `Llama` (feature `models`), instances over the same shared weights as the other
-    /// sequences', so that one pass serves them all). Both are reset and fed the prompt.
+    /// sequences', so that one pass serves them all). Both are reset and the target is fed the
+    /// prompt; the draft catches up on it (in one batched call with the others) the first time
+    /// it drafts. Its estimates start from the batch's.
     ///
     /// # Errors
     /// [`Error::VocabMismatch`], bad prompts and stop tokens, model failures (the batch is
@@ -202,34 +169,65 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
         let id = SeqId(self.next_id);
         // A k of 0 is the sequence's own plain steps.
         if let Some(k) = request.k.filter(|&k| k > 0) {
-            BatchPolicy::Fixed(k).check()?;
+            KPolicy::Fixed(k).check()?;
         }
-        let estimates = (self.pool, self.prober.clone());
-        let seq = Member::start(id, target, draft, request, estimates, self.clock.clone())?;
+        let start = Start {
+            sampling: request.sampling,
+            stop: request.stop,
+            fixed_k: request.k,
+            policy: self.driver.policy,
+            tree: request.tree,
+            estimates: (self.driver.pool, self.prober.clone()),
+            clock: self.driver.clock.clone(),
+        };
+        let mut m = Member::new(id, target, draft, start);
+        m.seq.check()?;
+        // Each request is one generation: coupled noise is that of generation 0 of its seed.
+        m.seq.start(&request.prompt, false)?;
         self.next_id += 1;
-        self.seqs.push(seq);
+        self.driver.members.push(m);
         self.retire();
         Ok(id)
     }
 
     /// Sequences still generating.
     pub fn active(&self) -> usize {
-        self.seqs.len()
+        self.driver.members.len()
     }
 
     /// The policy that picks each sequence's k.
-    pub fn policy(&self) -> BatchPolicy {
-        self.policy
+    pub fn policy(&self) -> KPolicy {
+        self.driver.policy
     }
 
     /// The measured costs the adaptive policy decides from.
     pub fn costs(&self) -> &CostModel {
-        &self.costs
+        &self.driver.costs
+    }
+
+    /// The acceptance of every sequence's drafts, pooled (where a new sequence's estimate
+    /// starts).
+    pub fn alpha(&self) -> f64 {
+        self.driver.pool.alpha()
     }
 
     /// Takes the sequences that finished since the last call, in the order they finished.
-    pub fn take_finished(&mut self) -> Vec<Finished<D, T>> {
+    pub fn take_finished(&mut self) -> Vec<Finished<T, D>> {
         std::mem::take(&mut self.finished)
+    }
+
+    /// Stops sequence `id` between steps and hands it back with the tokens it has (its
+    /// [`FinishReason`](crate::FinishReason) is `Cancelled`); the others go on untouched.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when no running sequence has that id.
+    pub fn cancel(&mut self, id: SeqId) -> Result<Finished<T, D>> {
+        let Some(i) = self.driver.members.iter().position(|m| m.id == id) else {
+            return Err(Error::setting("sequence", id.0, "a running sequence of this batch"));
+        };
+        let mut m = self.driver.members.remove(i);
+        m.seq.cancel();
+        Ok(finished(m))
     }
 
     /// Steps until every sequence has finished and returns them all (with any finished
@@ -237,49 +235,51 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     ///
     /// # Errors
     /// As [`step`](Self::step).
-    pub fn run(&mut self) -> Result<Vec<Finished<D, T>>> {
-        while !self.seqs.is_empty() {
-            self.step()?;
+    pub fn run(&mut self) -> Result<Vec<Finished<T, D>>> {
+        self.run_with(|_, _| ControlFlow::Continue(()))
+    }
+
+    /// Like [`run`](Self::run), calling `on_tokens` with each sequence's new tokens after each
+    /// step; `ControlFlow::Break(())` cancels that sequence (see [`cancel`](Self::cancel)).
+    ///
+    /// # Errors
+    /// As [`step`](Self::step).
+    pub fn run_with(
+        &mut self,
+        mut on_tokens: impl FnMut(SeqId, &[u32]) -> ControlFlow<()>,
+    ) -> Result<Vec<Finished<T, D>>> {
+        while !self.driver.members.is_empty() {
+            let mut stop = Vec::new();
+            for (id, tokens) in self.step()? {
+                if on_tokens(id, &tokens).is_break() {
+                    stop.push(id);
+                }
+            }
+            for id in stop {
+                // A sequence that finished in this very step is already in the finished list.
+                if let Ok(f) = self.cancel(id) {
+                    self.finished.push(f);
+                }
+            }
         }
         Ok(self.take_finished())
     }
 
     /// One step for every active sequence. Returns each sequence's new tokens (finished
     /// sequences move to [`take_finished`](Self::take_finished)). Under the adaptive policy the
-    /// steps measure T(m) as they go, as the single decoder's rounds do (so a batch of one
-    /// chooses its k's as [`SpeculativeDecoder`](crate::SpeculativeDecoder) would), unless
-    /// [`calibrate`](Self::calibrate) or [`with_costs`](Self::with_costs) gave it T(m) first;
-    /// until a draft call has been timed each sequence drafts one token.
+    /// steps measure T(m) as they go, unless [`calibrate`](Self::calibrate) or
+    /// [`with_costs`](Self::with_costs) gave it T(m) first; until a draft call has been timed
+    /// each sequence drafts one token. A batch of one runs exactly the rounds of a
+    /// [`SpeculativeDecoder`](crate::SpeculativeDecoder) (the same driver).
     ///
     /// # Errors
-    /// [`Error::NotReady`] after a failed roll-back; model failures (see the type's docs).
+    /// [`Error::NotReady`] after a failed roll-back; model failures. A failed step leaves every
+    /// sequence's tokens in place and its models rolled back to them, so `step` can be called
+    /// again.
     pub fn step(&mut self) -> Result<Vec<(SeqId, Vec<u32>)>> {
-        if !self.ready {
-            return Err(Error::NotReady("a failed step could not roll the models back"));
-        }
-        let before: Vec<usize> = self.seqs.iter().map(|s| s.seq.ctx().len()).collect();
-        let start = self.clock.seconds();
-        let spent = match self.round() {
-            Ok(spent) => spent,
-            Err(e) => {
-                self.ready = self.seqs.iter_mut().all(|s| s.seq.resync());
-                return Err(e);
-            }
-        };
-        let secs = self.clock.seconds() - start;
-        self.costs.observe_other(spent.rows, secs - spent.busy - spent.setup);
-        if let Some((drafting, predicted)) = spent.predicted {
-            self.costs.observe_outcome(drafting, predicted, secs - spent.setup);
-        }
-        let new = self
-            .seqs
-            .iter_mut()
-            .zip(before)
-            .map(|(s, n)| {
-                s.seq.stats.decode_secs += secs;
-                (s.id, s.seq.ctx()[n..].to_vec())
-            })
-            .collect();
+        let before: Vec<usize> = self.driver.members.iter().map(|m| m.seq.ctx().len()).collect();
+        self.driver.step()?;
+        let new = (self.driver.members.iter().zip(before)).map(|(m, n)| (m.id, m.seq.ctx()[n..].to_vec())).collect();
         self.retire();
         Ok(new)
     }
@@ -287,214 +287,49 @@ impl<D: BatchDraft, T: BatchTarget> BatchDecoder<D, T> {
     /// Moves finished sequences to the finished list.
     fn retire(&mut self) {
         let mut i = 0;
-        while i < self.seqs.len() {
-            match self.seqs[i].seq.finish() {
+        while i < self.driver.members.len() {
+            match self.driver.members[i].seq.finish() {
                 Some(_) => {
-                    let s = self.seqs.remove(i);
-                    self.prober = s.prober.clone();
-                    self.finished.push(s.into_finished());
+                    let m = self.driver.members.remove(i);
+                    self.prober = m.ctl.prober.clone();
+                    self.finished.push(finished(m));
                 }
                 None => i += 1,
             }
         }
     }
 
-    /// Chooses the k's, drafts, verifies in one pass and judges every sequence.
-    fn round(&mut self) -> Result<Spent> {
-        let start = self.clock.seconds();
-        let (ks, predicted) = self.choose_ks()?;
-        let choosing = self.clock.seconds() - start;
-        let catch_up = self.catch_up(&ks)?;
-        let (mut busy, mut scored) = (0.0, 0);
-        let depth = ks.iter().copied().max().unwrap_or(0);
-        for s in &mut self.seqs {
-            s.new_block();
-        }
-        for j in 0..depth {
-            let drafts_now = |i: usize, s: &Member<D, T>| ks[i] > j && s.drafting;
-            let active: Vec<usize> = (0..self.seqs.len()).filter(|&i| drafts_now(i, &self.seqs[i])).collect();
-            if active.is_empty() {
-                break;
-            }
-            let start = self.clock.seconds();
-            let proposals = {
-                let mut drafts: Vec<&mut D> = Vec::with_capacity(active.len());
-                let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(active.len());
-                for (_, s) in self.seqs.iter_mut().enumerate().filter(|(i, s)| drafts_now(*i, s)) {
-                    feeds.push(s.seq.draft_feed()?.to_vec());
-                    drafts.push(&mut s.seq.draft);
-                }
-                let feeds: Vec<&[u32]> = feeds.iter().map(Vec::as_slice).collect();
-                D::propose_batch(&mut drafts, &feeds)?
-            };
-            let secs = self.clock.seconds() - start;
-            self.costs.observe_draft(active.len(), secs);
-            (busy, scored) = (busy + secs, scored + active.len());
-            for (&i, proposal) in active.iter().zip(proposals) {
-                let s = &mut self.seqs[i];
-                self.fault.swap_rng(&mut s.seq.rng);
-                let taken = s.take_proposal(proposal, secs);
-                self.fault.swap_rng(&mut s.seq.rng);
-                taken?;
-            }
-        }
-        self.fault.stale_q(&mut self.seqs);
-        let start = self.clock.seconds();
-        let logits = {
-            let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.seqs.len());
-            let mut targets: Vec<&mut T> = Vec::with_capacity(self.seqs.len());
-            for s in &mut self.seqs {
-                feeds.push(s.seq.target_feed()?);
-                targets.push(&mut s.seq.target);
-            }
-            let calls: Vec<(&[u32], usize)> = feeds.iter().map(|f| (f.as_slice(), f.len())).collect();
-            T::forward_batch(&mut targets, &calls)?
-        };
-        let secs = self.clock.seconds() - start;
-        let rows: usize = logits.iter().map(|l| l.rows()).sum();
-        self.costs.observe_target(rows, secs);
-        let n = self.seqs.len();
-        // The adaptive policy's probes learn from each round, as the single decoder's do.
-        let probing_rows = match self.policy {
-            BatchPolicy::Adaptive { max_k } => Some(max_k.min(self.rows_cap()) + 1),
-            _ => None,
-        };
-        if logits.len() != n {
-            return Err(Error::BadModelOutput {
-                model: "target",
-                what: "batched calls",
-                expected: n,
-                got: logits.len(),
-            });
-        }
-        for (i, rows) in logits.iter().enumerate() {
-            let s = &mut self.seqs[i];
-            self.fault.swap_rng(&mut s.seq.rng);
-            let probing = probing_rows.filter(|_| s.fixed_k.is_none()).map(|rows| (&self.costs, rows));
-            let judged = s.judge(rows, secs, probing);
-            self.fault.swap_rng(&mut s.seq.rng);
-            let (k, accepted, keep) = judged?;
-            self.seqs[self.fault.roll_back_slot(i, n)].seq.roll_back_to(keep)?;
-            // Every round, plain ones too (they fade the counts), as each sequence's estimate.
-            self.pool.observe(k, accepted);
-        }
-        Ok(Spent { busy: busy + secs, rows: scored + rows, setup: choosing + catch_up, predicted })
-    }
-
-    /// The longest block a sequence may draft under the adaptive policy: the most rows
-    /// measured bounds the step's rows.
-    fn rows_cap(&self) -> usize {
-        (MAX_ROWS / self.seqs.len().max(1)).saturating_sub(1)
-    }
-
-    /// Each sequence's k for this step, by the policy (never past its last token), and for the
-    /// adaptive policy whether the step drafts and its predicted seconds (catch-up
-    /// left out).
-    fn choose_ks(&mut self) -> Result<(Vec<usize>, Option<Prediction>)> {
-        let limits: Vec<usize> = self.seqs.iter().map(|s| s.seq.remaining().saturating_sub(1)).collect();
-        let mut candidates = Vec::new();
-        let chosen = match self.policy {
-            BatchPolicy::Plain => vec![0; self.seqs.len()],
-            BatchPolicy::Fixed(k) => limits.iter().map(|&l| k.min(l)).collect(),
-            BatchPolicy::Adaptive { max_k } => {
-                let longest = max_k.min(self.rows_cap());
-                for (s, &limit) in self.seqs.iter().zip(&limits) {
-                    let missed = s.seq.draft_missed()?.len();
-                    let behind = if missed > 2 { missed - 1 } else { 0 };
-                    let limit = limit.min(longest);
-                    candidates.push(Candidate { alpha: s.alpha(), limit, behind, remaining: s.seq.remaining() });
-                }
-                // The cost model's best k's for the whole batch, then each sequence's probes by
-                // the single decoder's rules (see `adaptive::Prober`): until a draft call has
-                // been timed, one drafted token; then a neighbour now and then, or spaced k = 1
-                // probes while it decodes plainly.
-                let best = self.costs.choose(&candidates);
-                (self.seqs.iter_mut().zip(&candidates).zip(best))
-                    .map(|((s, c), k)| s.prober.next_k(k, longest, &self.costs, c.alpha))
-                    .collect()
-            }
-        };
-        // Sequences with a k of their own keep it; then each draft may adjust its block, as
-        // in the single decoder (see `DraftModel::block_len`), within the policy's longest.
-        let longest = match self.policy {
-            BatchPolicy::Plain => 0,
-            BatchPolicy::Fixed(k) => k,
-            BatchPolicy::Adaptive { max_k } => max_k.min(self.rows_cap()),
-        };
-        let ks: Vec<usize> = (self.seqs.iter_mut().zip(chosen).zip(limits))
-            .map(|((s, k), limit)| {
-                let (k, max) = s.fixed_k.map_or((k, longest), |own| (own.min(limit), own));
-                if k > 0 {
-                    s.seq.block_len(k, max).min(limit)
-                } else {
-                    0
-                }
-            })
-            .collect();
-        candidates.iter_mut().for_each(|c| c.behind = 0);
-        let predicted = match candidates.is_empty() {
-            true => None,
-            false => self.costs.step_secs(&candidates, &ks).map(|p| (ks.iter().any(|&k| k > 0), p)),
-        };
-        Ok((ks, predicted))
-    }
-
     /// Measures T(m) on the first sequence's target when the costs lack it (see
-    /// [`CostModel::measure`]: about as long as scoring 1,500 rows, 2 s for SmolLM2-135M in f32
-    /// on 2 cores), so that the adaptive policy knows the cost of the larger passes of a large
-    /// batch before it first meets them; without it (or [`with_costs`](Self::with_costs)) the
-    /// steps learn T(m) from their own passes. Call it after the first [`add`](Self::add).
-    /// Does nothing without a sequence or when T(1) is known. Draft costs are learned from the
-    /// draft calls themselves.
+    /// [`CostModel::measure`]: about as long as scoring 1,500 rows), so that the adaptive
+    /// policy knows the cost of the larger passes of a large batch before it first meets them;
+    /// without it (or [`with_costs`](Self::with_costs)) the steps learn T(m) from their own
+    /// passes. Call it after the first [`add`](Self::add). Does nothing without a sequence or
+    /// when T(1) is known. Draft costs are learned from the draft calls themselves.
     ///
     /// # Errors
     /// A target that fails to roll back after a timed pass.
     pub fn calibrate(&mut self) -> Result<()> {
-        let Some(s) = self.seqs.first_mut() else { return Ok(()) };
-        if !self.costs.has_target(1) {
-            let token = s.seq.ctx()[s.seq.ctx().len() - 1];
-            self.costs.merge(CostModel::measure(&mut s.seq.target, token, MAX_ROWS)?);
+        let Some(m) = self.driver.members.first_mut() else { return Ok(()) };
+        if !self.driver.costs.has_target(1) {
+            let token = m.seq.ctx()[m.seq.ctx().len() - 1];
+            self.driver.costs.merge(CostModel::measure(&mut m.seq.target, token, MAX_ROWS)?);
         }
         Ok(())
     }
-
-    /// Feeds the drafts of the sequences about to draft, in one batched call, all but the last
-    /// of the tokens they missed while they decoded plainly (see the single decoder's
-    /// catch-up); their proposals are not used. Each counts the call, with its share of the
-    /// time, in its draft calls and seconds (as the single decoder counts its catch-up).
-    fn catch_up(&mut self, ks: &[usize]) -> Result<f64> {
-        let mut drafts: Vec<&mut D> = Vec::new();
-        let mut feeds: Vec<&[u32]> = Vec::new();
-        let mut caught = Vec::new();
-        for (i, (s, _)) in self.seqs.iter_mut().zip(ks).enumerate().filter(|(_, (_, &k))| k > 0) {
-            let (draft, missed) = s.seq.draft_with_missed()?;
-            if missed.len() > 2 {
-                feeds.push(&missed[..missed.len() - 1]);
-                drafts.push(draft);
-                caught.push(i);
-            }
-        }
-        let start = self.clock.seconds();
-        if !drafts.is_empty() {
-            D::propose_batch(&mut drafts, &feeds)?;
-        }
-        let secs = self.clock.seconds() - start;
-        for &i in &caught {
-            let stats = &mut self.seqs[i].seq.stats;
-            stats.draft_calls += 1;
-            stats.draft_secs += secs / caught.len() as f64;
-        }
-        Ok(secs)
-    }
 }
 
-impl<D, T> std::fmt::Debug for BatchDecoder<D, T> {
+/// A member's generation and models.
+fn finished<T: TargetModel, D: DraftModel>(m: Member<T, D>) -> Finished<T, D> {
+    Finished { id: m.id, generation: m.seq.generation(), target: m.seq.target, draft: m.seq.draft }
+}
+
+impl<T, D> std::fmt::Debug for BatchDecoder<T, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BatchDecoder")
-            .field("active", &self.seqs.len())
+            .field("active", &self.driver.members.len())
             .field("finished", &self.finished.len())
-            .field("policy", &self.policy)
-            .field("costs", &self.costs)
+            .field("policy", &self.driver.policy)
+            .field("costs", &self.driver.costs)
             .finish()
     }
 }

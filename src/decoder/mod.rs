@@ -1,25 +1,38 @@
 //! The speculative decoding loop: draft k tokens, verify them in one target call, keep the
-//! accepted prefix plus one token, roll both models back, repeat.
+//! accepted prefix plus one token, roll both models back, repeat. [`SpeculativeDecoder`] is a
+//! batch of one under the round driver (`driver.rs`), the one round function every decoder
+//! runs.
 
 mod block;
+mod driver;
+mod fault;
+mod member;
 mod sequence;
 mod tree;
 
 pub(crate) use block::ChainBlock;
+pub(crate) use driver::Driver;
+pub use driver::MAX_ROWS;
+#[cfg(feature = "fault-injection")]
+pub use fault::Fault;
+pub(crate) use fault::Injected;
+pub(crate) use member::{Member, Start};
+pub use member::SeqId;
 pub(crate) use sequence::{NoDraft, Sequence};
 
-use crate::adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
+use std::ops::ControlFlow;
+
+use crate::adaptive::{Acceptance, CostModel, KPolicy, Prober, ShapeChooser, TreePolicy};
 use crate::error::{Error, Result};
-use crate::kernel::Verdict;
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats};
 use crate::stop::StopRule;
 
 /// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
-pub struct DecoderBuilder<D, T> {
-    draft: D,
+pub struct DecoderBuilder<T, D> {
     target: T,
+    draft: D,
     policy: KPolicy,
     tree: TreePolicy,
     sampling: SamplingConfig,
@@ -28,7 +41,7 @@ pub struct DecoderBuilder<D, T> {
     seed: Option<u64>,
 }
 
-impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
+impl<T: TargetModel, D: DraftModel> DecoderBuilder<T, D> {
     /// Whether rounds draft trees of candidates rather than one chain (default: chains only;
     /// see [`TreePolicy`]). The target scores a tree in one call through
     /// [`TargetModel::forward_tree`] and the tree is judged exactly
@@ -91,18 +104,29 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
     /// Checks the settings and the model pair.
     ///
     /// # Errors
-    /// [`Error::InvalidSetting`] for k = 0 or a k policy out of range (see [`KController::new`]),
+    /// [`Error::InvalidSetting`] for k = 0 or a k policy out of range (see [`KPolicy::check`]),
     /// [`Error::VocabMismatch`] when the models disagree, [`Error::TokenOutOfRange`] for a stop
     /// token outside the vocabulary.
-    pub fn build(self) -> Result<SpeculativeDecoder<D, T>> {
-        let k = KController::new(self.policy)?;
+    pub fn build(self) -> Result<SpeculativeDecoder<T, D>> {
         let sampling = match self.seed {
             Some(seed) => self.sampling.with_seed(seed),
             None => self.sampling,
         };
-        let seq = Sequence::new(self.target, self.draft, sampling, self.stop, self.clock);
-        seq.check()?;
-        Ok(SpeculativeDecoder { seq, k, shape: ShapeChooser::new(self.tree), ready: false })
+        let mut driver = Driver::new(self.policy.check()?, CostModel::default(), self.clock.clone());
+        let start = Start {
+            sampling,
+            stop: self.stop,
+            fixed_k: None,
+            policy: self.policy,
+            tree: self.tree,
+            estimates: (Acceptance::new(), Prober::default()),
+            clock: self.clock,
+        };
+        let member = Member::new(SeqId(0), self.target, self.draft, start);
+        member.seq.check()?;
+        driver.members.push(member);
+        driver.ready = false;
+        Ok(SpeculativeDecoder { driver })
     }
 }
 
@@ -122,16 +146,13 @@ impl<D: DraftModel, T: TargetModel> DecoderBuilder<D, T> {
 /// A failed step leaves the tokens produced so far in place and both models rolled back to
 /// them, so `step` can be called again; if even the roll-back fails, `step` reports
 /// [`Error::NotReady`] until the next `start`.
-pub struct SpeculativeDecoder<D, T> {
-    /// The generation in progress, with the models and settings.
-    seq: Sequence<D, T>,
-    k: KController,
-    shape: ShapeChooser,
-    /// False before `start` and after a failed roll-back.
-    ready: bool,
+pub struct SpeculativeDecoder<T, D> {
+    /// A batch of one: its member persists from one generation to the next (models, random
+    /// number generator, estimates).
+    driver: Driver<T, D>,
 }
 
-impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
+impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
     /// Starts a builder for `target`, the model whose distribution the output follows, and
     /// `draft`, the model that proposes (target first, as everywhere the crate takes both),
     /// with adaptive k (up to 8, down to plain decoding when drafting does not pay), greedy
@@ -145,7 +166,7 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// assert_eq!(dec.generate(&[1, 2])?.tokens.len(), 20);
     /// # Ok::<(), specdec::Error>(())
     /// ```
-    pub fn builder(target: T, draft: D) -> DecoderBuilder<D, T> {
+    pub fn builder(target: T, draft: D) -> DecoderBuilder<T, D> {
         DecoderBuilder {
             draft,
             target,
@@ -163,19 +184,28 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// # Errors
     /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
     pub fn generate(&mut self, prompt: &[u32]) -> Result<Generation> {
-        self.generate_with(prompt, |_| {})
+        self.generate_with(prompt, |_| ControlFlow::Continue(()))
     }
 
-    /// Like [`generate`](Self::generate), calling `on_tokens` with each run of newly accepted tokens.
+    /// Like [`generate`](Self::generate), calling `on_tokens` with each run of newly accepted
+    /// tokens; `ControlFlow::Break(())` from it stops the generation there (its
+    /// [`FinishReason`] is then `Cancelled`). For text, feed the tokens to a
+    /// [`TextStream`](crate::TextStream), which holds back incomplete characters.
     ///
     /// # Errors
     /// As [`generate`](Self::generate).
-    pub fn generate_with(&mut self, prompt: &[u32], mut on_tokens: impl FnMut(&[u32])) -> Result<Generation> {
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        mut on_tokens: impl FnMut(&[u32]) -> ControlFlow<()>,
+    ) -> Result<Generation> {
         self.start(prompt)?;
-        while self.seq.finish().is_none() {
-            on_tokens(self.step()?);
+        while self.finish_reason().is_none() {
+            if on_tokens(self.step()?).is_break() {
+                self.member_mut().seq.cancel();
+            }
         }
-        Ok(self.seq.generation())
+        Ok(self.member().seq.generation())
     }
 
     /// Resets both models and feeds them the prompt (all but its last token, which the first
@@ -184,11 +214,14 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// # Errors
     /// Bad prompts and model failures.
     pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
-        self.ready = false;
-        // A draft the controller has given up on is not fed the prompt: it is not expected to
-        // draft again, and if it does, its first call catches up on the whole context.
-        self.seq.start(prompt, !self.k.stopped_probing())?;
-        self.ready = true;
+        self.driver.ready = false;
+        // A draft the policy has given up on is not fed the prompt: it is not expected to
+        // draft again, and if it does, its first round catches up on the whole context.
+        let plain = self.driver.policy == KPolicy::Plain;
+        let m = self.member_mut();
+        let prefill_draft = !m.ctl.prober.stopped() && !plain;
+        m.seq.start(prompt, prefill_draft)?;
+        self.driver.ready = true;
         Ok(())
     }
 
@@ -197,130 +230,89 @@ impl<D: DraftModel, T: TargetModel> SpeculativeDecoder<D, T> {
     /// # Errors
     /// [`Error::NotReady`] before `start` or after a failed roll-back; model failures.
     pub fn step(&mut self) -> Result<&[u32]> {
-        if !self.ready {
+        if !self.driver.ready {
             return Err(Error::NotReady("no generation in progress"));
         }
-        if self.seq.finish().is_some() {
-            return Ok(&[]);
-        }
-        let before = self.seq.ctx().len();
-        let start = self.seq.clock.seconds();
-        let result = self.round();
-        self.seq.stats.decode_secs += self.seq.clock.seconds() - start;
-        match result {
-            Ok(verdict) => {
-                self.seq.keep(&verdict.tokens);
-                Ok(&self.seq.ctx()[before..])
-            }
-            Err(e) => {
-                self.ready = self.seq.resync();
-                Err(e)
-            }
-        }
+        let before = self.member().seq.ctx().len();
+        self.driver.step()?;
+        Ok(&self.member().seq.ctx()[before..])
+    }
+
+    /// Stops the current generation where it stands (its [`FinishReason`] becomes
+    /// `Cancelled`); the next [`start`](Self::start) begins a new one.
+    pub fn cancel(&mut self) {
+        self.member_mut().seq.cancel();
     }
 
     /// The tokens generated so far in the current generation.
     pub fn generated(&self) -> &[u32] {
-        self.seq.generated()
+        self.member().seq.generated()
     }
 
     /// Why the current generation finished, if it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
-        self.seq.finish()
+        self.member().seq.finish()
     }
 
     /// Counters and timings of the current generation.
     pub fn stats(&self) -> &Stats {
-        &self.seq.stats
+        &self.member().seq.stats
     }
 
     /// The k the latest round asked for (before any round, the k the first will ask for); a
     /// round drafts fewer when the drafter runs dry or the generation is about to end.
     pub fn k(&self) -> usize {
-        self.k.k()
+        self.member().ctl.k()
     }
 
-    /// The controller that chooses k, with its policy and estimates.
-    pub fn k_controller(&self) -> &KController {
-        &self.k
+    /// The policy that chooses k.
+    pub fn k_policy(&self) -> KPolicy {
+        self.driver.policy
+    }
+
+    /// The estimated chance that a drafted position is accepted (the prior 0.8 before any
+    /// drafting).
+    pub fn alpha(&self) -> f64 {
+        self.member().ctl.acceptance.alpha()
+    }
+
+    /// Whether the adaptive policy has stopped probing a draft too slow to pay whatever its
+    /// acceptance (see [`KController`](crate::KController)); it then decodes plainly.
+    pub fn stopped_probing(&self) -> bool {
+        self.member().ctl.prober.stopped()
+    }
+
+    /// The measured costs the adaptive policy decides from.
+    pub fn costs(&self) -> &CostModel {
+        &self.driver.costs
     }
 
     /// What chooses between chain and tree rounds, with what it measured.
     pub fn shape_chooser(&self) -> &ShapeChooser {
-        &self.shape
-    }
-
-    /// The draft model.
-    pub fn draft(&self) -> &D {
-        &self.seq.draft
+        &self.member().shape
     }
 
     /// The target model.
     pub fn target(&self) -> &T {
-        &self.seq.target
+        &self.member().seq.target
     }
 
-    /// Gives the models back.
-    pub fn into_parts(self) -> (D, T) {
-        (self.seq.draft, self.seq.target)
+    /// The draft model.
+    pub fn draft(&self) -> &D {
+        &self.member().seq.draft
     }
 
-    /// One round, a chain or a tree as the shape chooser says. Returns the verdict.
-    fn round(&mut self) -> Result<Verdict> {
-        let remaining = self.seq.remaining();
-        let start = self.seq.clock.seconds();
-        let (verdict, tree) = match self.shape.next(!self.k.stopped_probing()) {
-            Some(b) if remaining > 1 => (self.seq.tree_round(b.at_most_deep(remaining - 1))?, true),
-            _ => (self.chain_round(remaining)?, false),
-        };
-        self.shape.observe(tree, verdict.tokens.len(), self.seq.clock.seconds() - start);
-        Ok(verdict)
+    /// Gives the models back: the target, then the draft.
+    pub fn into_parts(mut self) -> (T, D) {
+        let m = self.driver.members.swap_remove(0);
+        (m.seq.target, m.seq.draft)
     }
 
-    /// A chain round: draft, verify in one target call, roll back.
-    ///
-    /// k = 0 is a plain step: the target verifies only the pending token and the kernel's bonus
-    /// path samples the next one from its row.
-    fn chain_round(&mut self, remaining: usize) -> Result<Verdict> {
-        let (n, start) = (self.seq.ctx().len(), self.seq.clock.seconds());
-        // A draft more than two tokens behind catches up on all but the last first (see
-        // `Sequence::catch_up_draft`), which the controller prices.
-        let behind = self.seq.draft_missed()?.len();
-        let k = self.k.next_k_for(if behind > 2 { behind - 1 } else { 0 }, remaining);
-        let k = if k > 0 { self.seq.block_len(k, self.k.policy().max()) } else { 0 }.min(remaining - 1);
-        self.k.planned(k);
-        if k > 0 {
-            self.seq.catch_up_draft()?;
-        }
-        let setup = self.seq.clock.seconds() - start;
-        let s = &mut self.seq;
-        let before = (s.stats.draft_calls, s.stats.draft_secs, s.stats.target_secs);
-        s.new_block();
-        let mut calls = Vec::with_capacity(k);
-        for _ in 0..k {
-            let secs = s.stats.draft_secs;
-            let more = s.draft_one()?;
-            calls.push(s.stats.draft_secs - secs);
-            if !more {
-                break;
-            }
-        }
-        let verdict = s.verify()?;
-        let drafted = s.block.tokens().len();
-        self.k.observe_calls(
-            &RoundReport {
-                drafted,
-                accepted: verdict.accepted,
-                draft_calls: s.stats.draft_calls - before.0,
-                draft_secs: s.stats.draft_secs - before.1,
-                target_rows: drafted + 1,
-                target_secs: s.stats.target_secs - before.2,
-            },
-            &calls,
-        );
-        // Both models keep the context up to the accepted prefix; the last emitted token is fed next round.
-        s.roll_back_to(n + verdict.accepted)?;
-        self.k.observe_time(self.seq.clock.seconds() - start, setup);
-        Ok(verdict)
+    fn member(&self) -> &Member<T, D> {
+        &self.driver.members[0]
+    }
+
+    fn member_mut(&mut self) -> &mut Member<T, D> {
+        &mut self.driver.members[0]
     }
 }

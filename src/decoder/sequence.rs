@@ -164,38 +164,6 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.block.push(proposal, &self.sampling, vocab, &mut self.rng)
     }
 
-    /// Drafts one token into the block with a draft call of its own. False when the draft
-    /// proposed nothing.
-    pub fn draft_one(&mut self) -> Result<bool> {
-        let start = self.clock.seconds();
-        // (The fields one by one, so that the feed's borrow and the draft's do not overlap.)
-        let proposal =
-            draft_input(&self.block, &self.ctx, self.draft.context_len()).and_then(|f| self.draft.propose(f));
-        let secs = self.clock.seconds() - start;
-        match proposal {
-            Ok(p) => self.take_proposal(p, secs),
-            Err(e) => {
-                self.stats.draft_secs += secs;
-                Err(e)
-            }
-        }
-    }
-
-    /// Feeds the draft, in a call of its own, all but the last of the tokens it missed while
-    /// the controller decoded plainly (or skipped its prefill). The round's first draft call
-    /// then takes one or two tokens like any other, so the catch-up work, which grows with the
-    /// plain stretch, does not pass for the cost of a draft call in the controller's estimate
-    /// (it still counts in the statistics). Its proposal is not used: no randomness is drawn.
-    pub fn catch_up_draft(&mut self) -> Result<()> {
-        let missed = pending(&self.ctx, self.draft.context_len(), "draft")?;
-        if missed.len() > 2 {
-            let (head, draft) = (&missed[..missed.len() - 1], &mut self.draft);
-            self.clock.timed(&mut self.stats.draft_secs, || draft.propose(head))?;
-            self.stats.draft_calls += 1;
-        }
-        Ok(())
-    }
-
     /// Counts a target call of `secs` and judges the block against its rows (one for the
     /// pending token, one per draft).
     pub fn judge(&mut self, logits: &Logits, secs: f64) -> Result<Verdict> {
@@ -207,19 +175,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         Ok(verdict)
     }
 
-    /// Scores the pending token and the block in one target call of its own and judges them.
-    pub fn verify(&mut self) -> Result<Verdict> {
-        let feed = self.target_feed()?;
-        let start = self.clock.seconds();
-        let logits = self.target.forward(&feed, feed.len());
-        let secs = self.clock.seconds() - start;
-        match logits {
-            Ok(logits) => self.judge(&logits, secs),
-            Err(e) => {
-                self.stats.target_secs += secs;
-                Err(e)
-            }
-        }
+    /// Ends the generation where it stands, as cancelled (a finished one keeps its reason).
+    pub fn cancel(&mut self) {
+        self.finish = self.finish.or(Some(FinishReason::Cancelled));
     }
 
     /// Appends a round's tokens to the context, up to the first that ends the generation.

@@ -199,8 +199,6 @@ impl DraftModel for NGramDraft {
     }
 }
 
-/// Proposes one sequence at a time.
-impl crate::model::BatchDraft for NGramDraft {}
 
 #[cfg(test)]
 mod tests {

@@ -182,5 +182,3 @@ impl DraftModel for EagleDraft {
     }
 }
 
-/// Proposes one sequence at a time.
-impl crate::model::BatchDraft for EagleDraft {}

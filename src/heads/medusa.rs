@@ -203,5 +203,3 @@ impl DraftModel for MedusaDraft {
     }
 }
 
-/// Proposes one sequence at a time.
-impl crate::model::BatchDraft for MedusaDraft {}

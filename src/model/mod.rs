@@ -155,56 +155,23 @@ pub trait TargetModel: TokenModel {
             kept.ok_or_else(|| Error::setting("kept path", format!("{path:?}"), "indices of the tree's tokens"))?;
         self.forward(&kept, 0).map(drop)
     }
-}
 
-/// A target that scores several sequences in one call: each sequence is a model instance
-/// with its own context (a `Llama` per sequence over shared weights), and
-/// [`forward_batch`](Self::forward_batch) runs one [`forward`](TargetModel::forward) per
-/// instance, in one pass where the model can. The default runs them one by one, so any
-/// target serves a [`BatchDecoder`](crate::BatchDecoder).
-pub trait BatchTarget: TargetModel + Sized {
-    /// Runs `calls[i]` (tokens, rows) on `models[i]` as [`TargetModel::forward`] would and
-    /// returns each call's logits.
+    /// Runs `calls[i]` (tokens, rows) on `models[i]` as [`forward`](Self::forward) would and
+    /// returns each call's logits: several sequences, each a model instance with its own
+    /// context (a `Llama` per sequence over shared weights), scored in one pass where the model
+    /// can. The default runs them one by one, so any target serves a batch.
     ///
     /// # Errors
-    /// As [`TargetModel::forward`]; [`Error::InvalidSetting`] when the numbers of models and
+    /// As [`forward`](Self::forward); [`Error::InvalidSetting`] when the numbers of models and
     /// calls differ.
-    fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {
+    fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>>
+    where
+        Self: Sized,
+    {
         if models.len() != calls.len() {
             return Err(Error::setting("batch calls", calls.len(), "one per model"));
         }
         models.iter_mut().zip(calls).map(|(m, &(tokens, rows))| m.forward(tokens, rows)).collect()
-    }
-}
-
-/// A drafter that proposes for several sequences in one call (one instance per sequence).
-/// Every [`BatchTarget`] is one, through its batched forward pass; the default proposes one
-/// sequence at a time.
-pub trait BatchDraft: DraftModel + Sized {
-    /// Feeds `feeds[i]` to `drafts[i]` and returns each one's proposal, as
-    /// [`DraftModel::propose`] would.
-    ///
-    /// # Errors
-    /// As [`DraftModel::propose`]; [`Error::InvalidSetting`] when the numbers of drafts and
-    /// feeds differ.
-    fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>> {
-        if drafts.len() != feeds.len() {
-            return Err(Error::setting("batch feeds", feeds.len(), "one per draft"));
-        }
-        drafts.iter_mut().zip(feeds).map(|(d, feed)| d.propose(feed)).collect()
-    }
-}
-
-impl<M: BatchTarget> BatchDraft for M {
-    fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>> {
-        let calls: Vec<(&[u32], usize)> = feeds.iter().map(|&f| (f, 1)).collect();
-        let rows = M::forward_batch(drafts, &calls)?;
-        rows.into_iter()
-            .map(|logits| match logits.rows() {
-                1 => Ok(Proposal::Logits(logits.into_last_row())),
-                got => Err(Error::BadModelOutput { model: "draft", what: "logits rows", expected: 1, got }),
-            })
-            .collect()
     }
 }
 
@@ -274,6 +241,24 @@ pub trait DraftModel: TokenModel {
         }
         Ok(tree)
     }
+
+    /// Feeds `feeds[i]` to `drafts[i]` and returns each one's proposal, as
+    /// [`propose`](Self::propose) would: several sequences' drafts (one instance each) in one
+    /// call. The default proposes one sequence at a time; every target drafts through its
+    /// batched forward pass.
+    ///
+    /// # Errors
+    /// As [`propose`](Self::propose); [`Error::InvalidSetting`] when the numbers of drafts and
+    /// feeds differ.
+    fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>>
+    where
+        Self: Sized,
+    {
+        if drafts.len() != feeds.len() {
+            return Err(Error::setting("batch feeds", feeds.len(), "one per draft"));
+        }
+        drafts.iter_mut().zip(feeds).map(|(d, feed)| d.propose(feed)).collect()
+    }
 }
 
 impl<M: TargetModel> DraftModel for M {
@@ -287,6 +272,17 @@ impl<M: TargetModel> DraftModel for M {
 
     fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, picker: &mut ChildPicker) -> Result<DraftTree> {
         expand_tree(self, tokens, budget, picker)
+    }
+
+    fn propose_batch(drafts: &mut [&mut Self], feeds: &[&[u32]]) -> Result<Vec<Proposal>> {
+        let calls: Vec<(&[u32], usize)> = feeds.iter().map(|&f| (f, 1)).collect();
+        let rows = M::forward_batch(drafts, &calls)?;
+        rows.into_iter()
+            .map(|logits| match logits.rows() {
+                1 => Ok(Proposal::Logits(logits.into_last_row())),
+                got => Err(Error::BadModelOutput { model: "draft", what: "logits rows", expected: 1, got }),
+            })
+            .collect()
     }
 }
 

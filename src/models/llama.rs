@@ -12,7 +12,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
-use crate::model::{BatchTarget, Logits, TargetModel, TokenModel};
+use crate::model::{Logits, TargetModel, TokenModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
 use crate::models::dispatch::{Bound, Weights};
@@ -454,9 +454,7 @@ impl TargetModel for Llama {
     fn keep_path(&mut self, _tokens: &[u32], path: &[usize]) -> Result<()> {
         Llama::keep_path(self, path)
     }
-}
 
-impl BatchTarget for Llama {
     fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {
         Llama::forward_batch(models, calls)
     }

@@ -22,7 +22,7 @@ pub use vocab::VocabMap;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::model::{BatchDraft, DraftModel, Proposal, TokenModel, Vocabulary};
+use crate::model::{DraftModel, Proposal, TokenModel, Vocabulary};
 use crate::sampling::argmax;
 use crate::stop::check_tokens;
 use vocab::text_within;
@@ -358,9 +358,6 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         Ok(())
     }
 }
-
-/// In a [`BatchDecoder`](crate::BatchDecoder), each sequence's drafter proposes on its own.
-impl<D: DraftModel, V: Vocabulary> BatchDraft for CrossVocabDraft<D, V> {}
 
 impl<D: TokenModel, V: Vocabulary> TokenModel for CrossVocabDraft<D, V> {
     fn vocab_size(&self) -> usize {

@@ -6,11 +6,10 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::sequence::Member;
-use super::SeqId;
+use super::member::{Member, SeqId};
 
-/// A batch bug to inject with [`BatchDecoder::inject_fault`](super::BatchDecoder::inject_fault).
-#[doc(hidden)]
+/// A batch bug to inject with `BatchDecoder::inject_fault` (feature `fault-injection`).
+#[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Every sequence draws from one random number generator, instead of each from its own:
@@ -25,7 +24,7 @@ pub enum Fault {
 }
 
 /// The fault a batch carries, with the state it needs.
-pub(super) struct Injected {
+pub(crate) struct Injected {
     fault: Option<Fault>,
     /// [`Fault::SharedRng`]'s generator.
     rng: StdRng,
@@ -49,7 +48,7 @@ impl Injected {
 
     /// [`Fault::StaleQ`], after drafting: on a step whose sequences differ from the last
     /// step's, gives each sequence's first q row the one its slot held last step.
-    pub fn stale_q<D, T>(&mut self, seqs: &mut [Member<D, T>]) {
+    pub fn stale_q<T, D>(&mut self, seqs: &mut [Member<T, D>]) {
         if self.fault != Some(Fault::StaleQ) {
             return;
         }

@@ -1,0 +1,59 @@
+//! One sequence's share of the k policy: what every decoder keeps per sequence, and what the
+//! [`KController`](super::KController) wraps with a cost model of its own.
+
+use super::{Acceptance, CostModel, KPolicy, Prober, RoundReport};
+
+/// A sequence's acceptance estimate, its probing state and its current k.
+#[derive(Debug, Clone)]
+pub(crate) struct SeqControl {
+    pub acceptance: Acceptance,
+    pub prober: Prober,
+    /// The latest k chosen (the grow/shrink policy's running k).
+    k: usize,
+}
+
+impl SeqControl {
+    /// A fresh sequence under `policy`, starting from estimates carried over from others.
+    pub fn new(policy: KPolicy, acceptance: Acceptance, prober: Prober) -> Self {
+        let k = match policy {
+            KPolicy::Fixed(k) | KPolicy::GrowShrink { start: k, .. } => k,
+            KPolicy::Adaptive { .. } => 1,
+            KPolicy::Plain => 0,
+        };
+        Self { acceptance, prober, k }
+    }
+
+    /// The latest k (before any round, the first round's).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The k of the next round: the policy's (fixed, the grow/shrink running k), or under the
+    /// adaptive policy the cost model's choice `best` unless the prober measures or probes,
+    /// within the longest block `max`.
+    pub fn next_k(&mut self, policy: KPolicy, best: usize, max: usize, costs: &CostModel) -> usize {
+        if let KPolicy::Adaptive { .. } = policy {
+            self.k = self.prober.next_k(best, max, costs, self.acceptance.alpha());
+        }
+        self.k
+    }
+
+    /// Learns from a finished round: the acceptance always, the grow/shrink k, and under the
+    /// adaptive policy the prober's verdict (`max_rows`: the most rows a round scores).
+    pub fn observe(&mut self, policy: KPolicy, round: &RoundReport, costs: &CostModel, max_rows: usize) {
+        self.acceptance.observe(round.drafted, round.accepted);
+        match policy {
+            KPolicy::Plain | KPolicy::Fixed(_) => {}
+            KPolicy::GrowShrink { max, .. } => {
+                if round.accepted < round.drafted {
+                    self.k = self.k.saturating_sub(1).max(1);
+                } else if round.drafted >= self.k && self.k < max {
+                    // A block cut short (the drafter ran dry, the generation ended) says nothing
+                    // about a longer one, so only a full block grows k.
+                    self.k += 1;
+                }
+            }
+            KPolicy::Adaptive { .. } => self.prober.observe(round, costs, max_rows),
+        }
+    }
+}
