@@ -253,9 +253,7 @@ fn model_draft(path: &str, device: &Device) -> Result<(Llama, Tokenizer)> {
 /// ([`WeightFormat::Compact`] without the suffix; `@stored` keeps the file's weights). A
 /// draft's weights need not be the file's: any format keeps decoding exact, and a smaller one
 /// makes the draft cheaper. Qwen2.5-Coder-0.5B, mostly Q5_0 and Q8_0 as stored, drafts about
-/// as well compact at 0.9 of the cost: 1.56× against 1.46× greedy on code prompts and 1.25×
-/// against 1.21× on chat prompts; at temperature 0.8 within the run-to-run noise (README,
-/// "Compact drafts by default").
+/// as well compact, at a lower cost (docs/perf/qwen-pair.md).
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] for a suffix that is no weight format (a suffix with a `/` or a

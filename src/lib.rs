@@ -31,7 +31,9 @@
 //!
 //! ## Real models
 //! ```no_run
-//! use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, WeightFormat};
+//! use std::ops::ControlFlow;
+//!
+//! use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, TextStream, WeightFormat};
 //!
 //! // A GGUF file, an HF folder (config.json, tokenizer.json, *.safetensors) or a hub id
 //! // written `hf:org/name`.
@@ -45,10 +47,20 @@
 //! // k adapts by default: up to 8, plain decoding where drafting does not pay.
 //! let mut decoder = SpeculativeDecoder::builder(target, drafter)
 //!     .sampling(SamplingConfig::new(0.8)?.with_seed(7))
-//!     .stop_tokens(tokenizer.end_of_turn_ids())
+//!     .stop_tokens(tokenizer.stop_ids())
 //!     .build()?;
 //! let prompt = tokenizer.encode(&tokenizer.chat_prompt("Tell me about the sea."))?;
-//! let out = decoder.generate_with(&prompt, |new| print!("{}", tokenizer.decode(new).unwrap_or_default()))?;
+//! // Text by `TextStream`, which holds back the bytes of unfinished characters (a chunk decoded
+//! // alone can end inside one); `ControlFlow::Break(())` stops the generation.
+//! let mut text = TextStream::new();
+//! let out = decoder.generate_with(&prompt, |new: &[u32]| match text.push(&tokenizer, new) {
+//!     Ok(piece) => {
+//!         print!("{piece}");
+//!         ControlFlow::Continue(())
+//!     }
+//!     Err(_) => ControlFlow::Break(()),
+//! })?;
+//! println!("\n{} tokens", out.tokens.len());
 //! # Ok::<(), specdec::Error>(())
 //! ```
 //!
@@ -152,3 +164,8 @@ pub use stop::StopRule;
 #[cfg(feature = "llama")]
 pub use tokenizer::{TextStream, Tokenizer};
 pub use tree::{DraftTree, TreeBudget, TreeShape};
+
+/// The README's Rust code, compiled as doctests so that it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

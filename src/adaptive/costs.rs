@@ -70,9 +70,9 @@ pub struct CostModel {
     draft: Vec<Option<f64>>,
     other_per_row: Option<f64>,
     /// Whether a target pass was seen. The first is a warm-up: it may find cold caches,
-    /// untouched pages of the weights and buffers still to be allocated (on the 1.5B Qwen
-    /// target on a Zen 3 the first two-row pass after the prompt took 82 ms, later ones about
-    /// 60), so it stands only until the next pass, then its size is measured again.
+    /// untouched pages of the weights and buffers still to be allocated (and run markedly
+    /// slower: docs/perf/adaptive.md), so it stands only until the next pass, then its size is
+    /// measured again.
     warm: bool,
     /// The size whose only measurement is that warm-up pass, until the next pass.
     cold: Option<usize>,
@@ -232,8 +232,8 @@ impl CostModel {
     /// [`step_secs`](Self::step_secs) for it: how far off the model's time is, separately for
     /// plain and drafting steps. Time only: the tokens a step emits are acceptance's business
     /// (its estimate learns them), and judging the model by them too counted every lucky or
-    /// unlucky sampled round twice. (Measured on the Qwen pair at temperature 0.8, the change
-    /// moved the speedup by less than its noise; it keeps each estimate to what it can learn.)
+    /// unlucky sampled round twice. (This keeps each estimate to what it can learn; see
+    /// docs/perf/adaptive.md.)
     /// After a plain step, the drafting correction relaxes toward none (by `RELAX`), so that a
     /// few slow drafting steps do not rule drafting out for good.
     pub fn observe_outcome(&mut self, drafting: bool, predicted_secs: f64, measured_secs: f64) {

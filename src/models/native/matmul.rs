@@ -3,10 +3,10 @@
 //! positions costs little more than scoring one.
 //!
 //! candle's CPU matmul is written for large products and pays a high fixed cost for 2..8 rows
-//! against a transposed weight (see `FACTS.md`), so this small-M kernel is our own: AVX-512 or
-//! AVX2+FMA chosen at run time, with a portable fallback. The weights are packed for it: rows in
-//! tiles of four, interleaved 16 values at a time, so that a tile is one sequential stream the
-//! hardware prefetcher follows (four separate 2 KB streams defeat it).
+//! against a transposed weight (docs/perf/kernels.md), so this small-M kernel is our own:
+//! AVX-512 or AVX2+FMA chosen at run time, with a portable fallback. The weights are packed for
+//! it: rows in tiles of four, interleaved 16 values at a time, so that a tile is one sequential
+//! stream the hardware prefetcher follows (four separate 2 KB streams defeat it).
 
 use std::ops::Range;
 
@@ -254,10 +254,9 @@ mod x86 {
                 let mut wv = [_mm512_setzero_ps(); R];
                 for (i, v) in wv.iter_mut().enumerate() {
                     // Fetch the same lines two tiles ahead into L2, so that memory streams them
-                    // while this tile is computed. Measured on SmolLM2 (2 threads, Zen 4): the
-                    // hardware prefetcher alone serves one row at 15-17 ms per token but leaves
-                    // five rows at 30 ms; one tile ahead into L1 costs the single row 2-3 ms (the
-                    // L1 miss slots fill); two tiles ahead into L2 gives 16.5 ms and 24 ms.
+                    // while this tile is computed: the hardware prefetcher alone leaves several
+                    // rows slow, and one tile ahead into L1 slows the single row (the L1 miss
+                    // slots fill; docs/perf/kernels.md).
                     _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(2 * chunks * R * LANES + i * LANES) as *const i8);
                     *v = _mm512_loadu_ps(base.add(i * LANES));
                 }

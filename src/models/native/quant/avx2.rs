@@ -30,12 +30,8 @@ use crate::models::native::out_ptr::OutPtr;
 /// codes (see [`Weights::prefetch`]).
 const PREFETCH_ALL: usize = 2;
 /// Weight rows ahead whose bytes are prefetched into L2: for several activation rows (the same
-/// bytes ahead as the AVX-512 kernel's two 4-row tiles), and for one. On a quiet Zen 3, 4 rows
-/// ahead made one-row passes 5–8 % faster than 8 (the 1.5B Qwen 46–48 ms against 49–54, the
-/// 0.5B 22 against 24, Gemma-3-270M 14.5 against 15.7), 2 no faster than 4, 1 and 16 slower;
-/// with five rows 4 was as often slower than 8 (Gemma-3-270M: 31 ms against 27.5). Those
-/// numbers are from tiles of two weight rows; with one weight row a pass, 2, 4 and 8 rows
-/// ahead measured within the noise of a shared host (1.5B Qwen 45–52 ms each).
+/// bytes ahead as the AVX-512 kernel's two 4-row tiles), and for one, which a shorter distance
+/// served better (measurements in docs/perf/kernels.md).
 const AHEAD: usize = 8;
 const AHEAD_ONE: usize = 4;
 
@@ -87,11 +83,8 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         // One weight row at a time, so that its codes are unpacked once for as many activation
-        // rows as the registers hold. Tiles of two weight rows (two sums in flight) used to
-        // serve one and two activation rows; on a quiet Zen 3 one row at a time made one-row
-        // passes 6–15 % faster (the 1.5B Qwen 43–46 ms against 50–54, the 0.5B 19 against
-        // 22, Gemma-3-270M 12.4 against 13.2–14.2, SmolLM2 Q4_1 5.7–6.1 against 5.9–6.2), and
-        // for two rows inside the speculative decoder 1.2 one-row passes instead of 1.7.
+        // rows as the registers hold (tiles of two weight rows were slower for one and two
+        // activation rows; docs/perf/kernels.md).
         for c in cols {
             for (r, g) in passes(a.rows) {
                 match g {
@@ -163,9 +156,8 @@ unsafe fn group<const M: usize, const VNNI: bool, const BITS: u8, const C: usize
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        // Codes, scales and high bits for one or two activation rows (on a busy Zen 3 a
-        // one-row pass of the 1.5B took 10–25 % less time than with codes alone); codes alone
-        // for more, which the extra prefetches slowed.
+        // Codes, scales and high bits for one or two activation rows, which gain from it; codes
+        // alone for more, which the extra prefetches slowed (docs/perf/kernels.md).
         let ahead = if M == 1 { AHEAD_ONE } else { AHEAD };
         let all = M <= PREFETCH_ALL;
         w.prefetch(0, ahead, start, g, C, BITS, (all, all));
@@ -281,8 +273,7 @@ unsafe fn dot<const VNNI: bool, const BITS: u8, const C: usize>(q: &[__m256i; C]
 /// The scales and offsets of the weight row on lanes `0..8` and `8..16` of the group of `C`
 /// chunks from `start` (the two halves), computed once per group: the K-quants' sub-block
 /// bytes are loaded and unpacked, and `d`/`dmin` splatted, once for both halves. (Spreading
-/// one 8-lane vector of scales onto the halves with `vpermps` instead made one-row passes of
-/// the 1.5B Qwen 63 ms against 50 on Zen 3.)
+/// one 8-lane vector of scales onto the halves with `vpermps` instead was slower.)
 ///
 /// # Safety
 /// AVX2 and F16C; the group lies within the row; `C` is 4 for the K-quants (whose rows are

@@ -244,7 +244,7 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     unsafe {
         // The bytes this group needs `AHEAD` rows on, into L2; the scales' lines every fourth
         // group, which covers them (asked for every group, the prefetches' own instructions
-        // took 6–7 % of the arithmetic of one- and five-row Q4_K products in the L2 cache).
+        // cost arithmetic; docs/perf/kernels.md).
         for i in 0..R {
             w.prefetch(i, AHEAD, start, g, C, BITS, (true, g.is_multiple_of(4)));
         }

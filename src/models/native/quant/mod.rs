@@ -389,8 +389,7 @@ impl QMatrix {
         }
         let (per_d, per_m, per_sub) = from.per_row();
         let (qs, hi) = (from.bits.row_bytes(from.padded), from.hi_row_bytes());
-        // Row by row as slices (a byte iterator took 150 ms for the 62 MB of 65,536 rows of the
-        // 0.5B's head).
+        // Row by row as slices (a byte iterator is slow on a large head; docs/perf/kernels.md).
         fn gather<T: Copy>(to: &mut Vec<T>, from: &[T], per_row: usize, ids: &[usize]) {
             to.reserve(ids.len() * per_row);
             ids.iter().for_each(|&r| to.extend_from_slice(&from[r * per_row..(r + 1) * per_row]));
@@ -541,13 +540,11 @@ impl Weights {
     /// lines where its scales begin (a line holds the scales of four groups or more, so a
     /// kernel may ask for them every fourth group: see the AVX-512 kernel). Rows are short
     /// streams the hardware prefetchers pick up late, and the scale parts (a few bytes a
-    /// group) are the shortest: fetched on demand they cost the AVX-512 kernel a quarter of
-    /// the one-row time of the 1536 × 8960 Q4_K product (`cargo bench -- q4k`) and about 5 %
-    /// of a five-row forward pass of Qwen2.5-Coder-1.5B (Zen 5; the one-row pass moved within
-    /// the noise). The 256-bit kernels, bound by their arithmetic, lost 10 % at five rows to
-    /// the extra prefetches and fetch codes only for three or more rows; for one or two they
-    /// fetch everything (Zen 3: the one-row pass 10–25 % faster). (Into L1 measured no
-    /// better.) The addresses may run past the matrix near its end: they are computed with
+    /// group) are the shortest: fetched on demand they stall the AVX-512 kernel. The 256-bit
+    /// kernels, bound by their arithmetic, lose to the extra prefetches at several rows and
+    /// fetch codes only for three or more rows; for one or two they fetch everything. (Into L1
+    /// measured no better; the measurements are in docs/perf/kernels.md.) The addresses may
+    /// run past the matrix near its end: they are computed with
     /// `wrapping_add` and only prefetched, never read.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
