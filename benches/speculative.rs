@@ -17,10 +17,11 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use specdec::adaptive::CostModel;
-use specdec::batch::{BatchDecoder, BatchPolicy, Request};
+use specdec::batch::{BatchDecoder, Request};
 use specdec::kernel::{self, DraftRow};
 use specdec::models::native::matmul::{matmul_parallel, Packed};
 use specdec::toy::{MarkovModel, ToyPair};
+use specdec::KPolicy;
 use specdec::{
     Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat,
 };
@@ -223,7 +224,7 @@ fn batches(c: &mut Criterion) {
     // T(m) measured once, as a server would at start-up (not in every iteration).
     let Ok(mut probe) = Llama::new(target.clone()) else { return };
     let Ok(costs) = CostModel::measure(&mut probe, 1, 128) else { return };
-    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2), BatchPolicy::default()] {
+    for policy in [KPolicy::Plain, KPolicy::Fixed(2), KPolicy::default()] {
         g.bench_function(format!("{policy:?}"), |b| {
             b.iter(|| -> specdec::Result<usize> {
                 let mut batch = BatchDecoder::with_costs(policy, costs.clone())?;

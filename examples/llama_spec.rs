@@ -9,6 +9,7 @@
 //! `cargo run --release --example llama_spec -- --prompt "Tell me a story" --k 4 --json`
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -213,7 +214,7 @@ fn main() -> Result<()> {
 /// Runs a generation, printing its text as tokens are accepted.
 fn stream(
     tok: &Tokenizer,
-    run: impl FnOnce(&mut dyn FnMut(&[u32])) -> specdec::Result<Generation>,
+    run: impl FnOnce(&mut dyn FnMut(&[u32]) -> ControlFlow<()>) -> specdec::Result<Generation>,
 ) -> Result<Generation> {
     let mut text = TextStream::new();
     let mut out = std::io::stdout();
@@ -222,6 +223,7 @@ fn stream(
             let _ = write!(out, "{piece}");
             let _ = out.flush();
         }
+        ControlFlow::Continue(())
     });
     println!();
     Ok(result?)

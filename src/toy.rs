@@ -223,7 +223,6 @@ impl Vocabulary for ToyVocab {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -267,8 +267,6 @@ impl TokenModel for Busy {
     }
 }
 
-impl specdec::BatchTarget for Busy {}
-
 impl TargetModel for Busy {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         self.clock.advance(self.fixed + self.per_row * rows as f64 + self.per_token * tokens.len() as f64);
@@ -292,11 +290,11 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
         let out = dec.generate(&prompt)?;
         assert_eq!(out.tokens, plain.tokens);
         drafted += out.stats.drafted;
-        if dec.k_controller().stopped_probing() {
+        if dec.stopped_probing() {
             break;
         }
     }
-    assert!(dec.k_controller().stopped_probing(), "still probing after 20 generations");
+    assert!(dec.stopped_probing(), "still probing after 20 generations");
     assert_eq!(drafted, 3, "one measuring round and two probes, one token each");
     // From then on the draft is neither called nor fed the prompt.
     let out = dec.generate(&prompt)?;
@@ -315,7 +313,7 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
 /// catch-up.
 #[test]
 fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
-    use specdec::{BatchDecoder, BatchPolicy, Request};
+    use specdec::{BatchDecoder, Request};
     let target = MarkovModel::random(6, 2, 21);
     let cfg = SamplingConfig::new(1.0)?.with_seed(77);
     // (draft noise, draft seconds a call, a token fed): the last pair's draft pays for each
@@ -342,7 +340,7 @@ fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
                 .build()?
                 .generate(&PROMPT)?;
         let clock = Clock::manual();
-        let mut batch = BatchDecoder::new(BatchPolicy::Adaptive { max_k: 4 })?.with_clock(clock.clone());
+        let mut batch = BatchDecoder::new(KPolicy::Adaptive { max: 4 })?.with_clock(clock.clone());
         let request = Request::new(PROMPT.to_vec()).sampling(cfg.clone()).max_new_tokens(300);
         batch.add(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock), request)?;
         let done = batch.run()?;
@@ -365,7 +363,7 @@ fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
                 .max_new_tokens(150)
                 .build()?;
         let clock = Clock::manual();
-        let mut batch = BatchDecoder::new(BatchPolicy::Adaptive { max_k: 4 })?.with_clock(clock.clone());
+        let mut batch = BatchDecoder::new(KPolicy::Adaptive { max: 4 })?.with_clock(clock.clone());
         for generation in 0..3 {
             let s = single.generate(&PROMPT)?;
             let request = Request::new(PROMPT.to_vec()).max_new_tokens(150);

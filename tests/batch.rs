@@ -9,12 +9,15 @@ use candle_core::Device;
 use common::faulty::{Fault, Faulty};
 use common::models::{model_path, STORIES};
 use common::{assert_fits, assert_nudge_rejected, assert_rejects, cell, exact_window, nudged_past_the_limit, settings};
-use specdec::batch::{BatchDecoder, BatchPolicy, Fault as BatchFault, Request};
+#[cfg(feature = "fault-injection")]
+use specdec::batch::Fault as BatchFault;
+use specdec::batch::{BatchDecoder, Request};
 use specdec::toy::{MarkovModel, ToyPair};
+use specdec::KPolicy;
 use specdec::TokenModel;
 use specdec::{
-    BatchTarget, Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig,
-    TargetModel, WeightFormat,
+    Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig, TargetModel,
+    WeightFormat,
 };
 use std::sync::Arc;
 
@@ -112,7 +115,7 @@ fn greedy_batches_equal_plain_decoding_of_each_sequence() -> Result<()> {
     requests.push(Request::new(PROMPTS[0].to_vec()).max_new_tokens(20).k(0));
     let want = plain_outputs(&target, &requests)?;
     assert_eq!(want[1].len(), 6);
-    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(3), BatchPolicy::Adaptive { max_k: 5 }] {
+    for policy in [KPolicy::Plain, KPolicy::Fixed(3), KPolicy::Adaptive { max: 5 }] {
         let mut batch = BatchDecoder::new(policy)?;
         let mut ids = Vec::new();
         // Three join at once, two after a few steps (continuous batching).
@@ -136,11 +139,11 @@ fn greedy_batches_equal_plain_decoding_of_each_sequence() -> Result<()> {
         let drafted: Vec<usize> = done.iter().map(|f| f.generation.stats.drafted).collect();
         assert!(drafted[2] > 0 && drafted[4] == 0, "{policy:?} drafted {drafted:?}");
         match policy {
-            BatchPolicy::Plain => assert_eq!(drafted[0], 0),
-            BatchPolicy::Fixed(_) => assert!(drafted[0] > 0),
+            KPolicy::Plain => assert_eq!(drafted[0], 0),
+            KPolicy::Fixed(_) => assert!(drafted[0] > 0),
             // On this tiny model a draft step costs about what a target pass does: the
             // policy may or may not draft.
-            BatchPolicy::Adaptive { .. } => {}
+            _ => {}
         }
     }
     Ok(())
@@ -155,10 +158,25 @@ const LEN: usize = 7;
 /// Runs `SAMPLES` batches, each with one sequence per sampling setting drafting `ks[i]`
 /// tokens (or as `policy` says), and counts windows 0..3 and 4..7 of each sequence; `fault`
 /// injects a batch bug.
+/// Without the `fault-injection` feature no fault can be named, so none is injected.
+#[cfg(not(feature = "fault-injection"))]
+#[derive(Debug, Clone, Copy)]
+enum BatchFault {}
+
+#[cfg(feature = "fault-injection")]
+fn inject(batch: &mut BatchDecoder<MarkovModel, MarkovModel>, fault: BatchFault) {
+    batch.inject_fault(fault);
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn inject(_: &mut BatchDecoder<MarkovModel, MarkovModel>, fault: BatchFault) {
+    match fault {}
+}
+
 fn batch_counts(
     target: &MarkovModel,
     draft: &MarkovModel,
-    policy: BatchPolicy,
+    policy: KPolicy,
     ks: &[Option<usize>],
     fault: Option<BatchFault>,
 ) -> Result<(Vec<[Vec<u64>; 2]>, usize)> {
@@ -166,7 +184,7 @@ fn batch_counts(
     let mut counts = vec![[vec![0u64; VOCAB.pow(3)], vec![0u64; VOCAB.pow(3)]]; configs.len()];
     let mut batch = BatchDecoder::new(policy)?;
     if let Some(fault) = fault {
-        batch.inject_fault(fault);
+        inject(&mut batch, fault);
     }
     let mut drafted = 0;
     for n in 0..SAMPLES {
@@ -195,8 +213,8 @@ fn sampled_batches_follow_the_target_for_every_sequence() -> Result<()> {
     // a k of their own. (On these toy models a pass takes microseconds, so what the adaptive
     // policy picks follows timing noise: exactness must hold whatever it picks.)
     let runs = [
-        (BatchPolicy::Fixed(3), vec![Some(0), Some(1), Some(3), Some(5)]),
-        (BatchPolicy::Adaptive { max_k: 4 }, vec![None, Some(2), None, Some(4)]),
+        (KPolicy::Fixed(3), vec![Some(0), Some(1), Some(3), Some(5)]),
+        (KPolicy::Adaptive { max: 4 }, vec![None, Some(2), None, Some(4)]),
     ];
     for (policy, ks) in runs {
         let (counts, drafted) = batch_counts(&target, &draft, policy, &ks, None)?;
@@ -216,7 +234,7 @@ fn batch_power_a_sequence_sampling_the_draft_is_rejected() -> Result<()> {
     let target = MarkovModel::random(VOCAB, 2, 21);
     let draft = target.noisy_copy(0.6, 22);
     // The bias: the batch verifies against the draft's law, not the target's.
-    let (counts, _) = batch_counts(&draft, &draft, BatchPolicy::Fixed(2), &[None; 4], None)?;
+    let (counts, _) = batch_counts(&draft, &draft, KPolicy::Fixed(2), &[None; 4], None)?;
     let (name, cfg) = &settings()?[0];
     let exact = exact_window(&target, cfg, &PROMPT, 0, 3);
     assert_rejects(&format!("draft as target, {name}"), &counts[0][0], &exact);
@@ -234,7 +252,7 @@ fn the_batch_battery_rejects_a_law_just_past_its_detection_limit() -> Result<()>
     let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
     assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
     let ks = [Some(3), Some(1), Some(2), Some(5)];
-    let (counts, _) = batch_counts(&nudged, &target.noisy_copy(0.6, 22), BatchPolicy::Fixed(3), &ks, None)?;
+    let (counts, _) = batch_counts(&nudged, &target.noisy_copy(0.6, 22), KPolicy::Fixed(3), &ks, None)?;
     assert_nudge_rejected(&format!("batch, {name}"), &counts[0][0], (&target, &nudged), &cfg, &PROMPT);
     Ok(())
 }
@@ -243,10 +261,10 @@ fn the_batch_battery_rejects_a_law_just_past_its_detection_limit() -> Result<()>
 fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(8, 0.3, 1);
     assert!(matches!(
-        BatchDecoder::<MarkovModel, MarkovModel>::new(BatchPolicy::Fixed(99)),
+        BatchDecoder::<MarkovModel, MarkovModel>::new(KPolicy::Fixed(99)),
         Err(Error::InvalidSetting { .. })
     ));
-    let mut batch = BatchDecoder::new(BatchPolicy::Fixed(2))?;
+    let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
     let small = MarkovModel::random(4, 1, 3);
     assert!(matches!(batch.add(target.clone(), small, Request::new(vec![1])), Err(Error::VocabMismatch { .. })));
     assert!(matches!(batch.add(target.clone(), draft.clone(), Request::new(vec![])), Err(Error::EmptyPrompt)));
@@ -262,7 +280,7 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
     // fails, every sequence keeps its tokens, and the next steps finish both as if nothing
     // had happened (greedy output equals a batch that never failed).
     let run = |fail_at: usize| -> Result<(Vec<Vec<u32>>, usize)> {
-        let mut batch = BatchDecoder::new(BatchPolicy::Fixed(2))?;
+        let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
         let mut errors = 0;
         for (i, p) in [[1u32, 2], [3, 4]].iter().enumerate() {
             let fails =
@@ -311,9 +329,7 @@ impl TargetModel for Swapping {
     fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<Logits> {
         self.0.forward(tokens, rows)
     }
-}
 
-impl BatchTarget for Swapping {
     fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {
         let mut out: Vec<Logits> = models
             .iter_mut()
@@ -340,7 +356,7 @@ fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
     let draft = target.noisy_copy(0.6, 22);
     let prompts = [vec![2, 0, 5], vec![1, 4, 3]];
     let plain = plain_greedy(&target, &prompts, 12)?;
-    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(2)] {
+    for policy in [KPolicy::Plain, KPolicy::Fixed(2)] {
         let mut batch = BatchDecoder::new(policy)?;
         for p in &prompts {
             batch.add(Swapping(target.clone()), draft.clone(), Request::new(p.clone()).max_new_tokens(12))?;
@@ -354,6 +370,7 @@ fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
 }
 
 #[test]
+#[cfg(feature = "fault-injection")] // Run by .ci/run with the feature.
 fn batch_power_a_stale_q_row_after_a_join_is_rejected() -> Result<()> {
     // The bug: at the first step after sequences join or leave, a first draft is judged with
     // the q row its slot held the step before, not the row it was drawn from. Every batch
@@ -363,9 +380,9 @@ fn batch_power_a_stale_q_row_after_a_join_is_rejected() -> Result<()> {
     let ks = [Some(1), Some(2), Some(3), Some(5)];
     let (name, cfg) = &settings()?[0];
     let exact = exact_window(&target, cfg, &PROMPT, 0, 3);
-    let (counts, _) = batch_counts(&target, &draft, BatchPolicy::Fixed(3), &ks, None)?;
+    let (counts, _) = batch_counts(&target, &draft, KPolicy::Fixed(3), &ks, None)?;
     assert_fits(&format!("no fault, {name}"), &counts[0][0], &exact);
-    let (counts, _) = batch_counts(&target, &draft, BatchPolicy::Fixed(3), &ks, Some(BatchFault::StaleQ))?;
+    let (counts, _) = batch_counts(&target, &draft, KPolicy::Fixed(3), &ks, Some(BatchFault::StaleQ))?;
     assert_rejects(&format!("stale q, {name}"), &counts[0][0], &exact);
     Ok(())
 }
@@ -376,12 +393,12 @@ fn batched(
     requests: &[Request],
     target: &MarkovModel,
     draft: &MarkovModel,
-    policy: BatchPolicy,
+    policy: KPolicy,
     fault: Option<BatchFault>,
 ) -> Result<Vec<Vec<u32>>> {
     let mut batch = BatchDecoder::new(policy)?;
     if let Some(fault) = fault {
-        batch.inject_fault(fault);
+        inject(&mut batch, fault);
     }
     for r in requests {
         batch.add(target.clone(), draft.clone(), r.clone())?;
@@ -409,7 +426,7 @@ fn a_seeded_sequence_samples_the_same_alone_or_in_a_batch() -> Result<()> {
     let target = MarkovModel::random(VOCAB, 2, 21);
     let draft = target.noisy_copy(0.3, 22);
     let requests = seeded_requests()?;
-    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(3)] {
+    for policy in [KPolicy::Plain, KPolicy::Fixed(3)] {
         let together = batched(&requests, &target, &draft, policy, None)?;
         for (r, got) in requests.iter().zip(&together) {
             let alone = batched(std::slice::from_ref(r), &target, &draft, policy, None)?;
@@ -420,13 +437,14 @@ fn a_seeded_sequence_samples_the_same_alone_or_in_a_batch() -> Result<()> {
 }
 
 #[test]
+#[cfg(feature = "fault-injection")] // Run by .ci/run with the feature.
 fn batch_power_a_shared_rng_is_caught_by_seeded_output() -> Result<()> {
     // A generator shared by the batch leaves each sequence's law intact (its draws are still
     // independent uniforms), so no chi-square sees it; seeded output does.
     let target = MarkovModel::random(VOCAB, 2, 21);
     let draft = target.noisy_copy(0.3, 22);
     let requests = seeded_requests()?;
-    for policy in [BatchPolicy::Plain, BatchPolicy::Fixed(3)] {
+    for policy in [KPolicy::Plain, KPolicy::Fixed(3)] {
         let alone: Vec<Vec<u32>> = (requests.iter())
             .map(|r| Ok(batched(std::slice::from_ref(r), &target, &draft, policy, None)?.remove(0)))
             .collect::<Result<_>>()?;
@@ -437,15 +455,16 @@ fn batch_power_a_shared_rng_is_caught_by_seeded_output() -> Result<()> {
 }
 
 #[test]
+#[cfg(feature = "fault-injection")] // Run by .ci/run with the feature.
 fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> Result<()> {
     let target = MarkovModel::random(VOCAB, 2, 21);
     let draft = target.noisy_copy(0.6, 22);
     let prompts = [vec![2, 0, 5], vec![1, 4, 3], vec![3, 3, 1]];
     let requests: Vec<Request> = prompts.iter().map(|p| Request::new(p.clone()).max_new_tokens(12)).collect();
     let plain = plain_greedy(&target, &prompts, 12)?;
-    assert_eq!(batched(&requests, &target, &draft, BatchPolicy::Fixed(2), None)?, plain);
+    assert_eq!(batched(&requests, &target, &draft, KPolicy::Fixed(2), None)?, plain);
     // Wrong output or a failed step (a model asked to roll back past its end): either way caught.
-    let faulty = batched(&requests, &target, &draft, BatchPolicy::Fixed(2), Some(BatchFault::WrongRollBack));
+    let faulty = batched(&requests, &target, &draft, KPolicy::Fixed(2), Some(BatchFault::WrongRollBack));
     eprintln!("roll-back on the wrong cache: {faulty:?}");
     assert!(faulty.map_or(true, |got| got != plain), "a roll-back on the wrong cache went unnoticed");
     Ok(())
@@ -454,7 +473,7 @@ fn batch_power_a_roll_back_on_the_wrong_cache_is_caught_by_greedy_equality() -> 
 #[test]
 fn calibration_is_an_explicit_call_and_otherwise_the_passes_measure() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
-    let mut batch = BatchDecoder::new(BatchPolicy::default())?;
+    let mut batch = BatchDecoder::new(KPolicy::default())?;
     // Nothing to time without a sequence; a sequence's first step would time it.
     batch.calibrate()?;
     assert_eq!(batch.costs().target_secs(1), None);
@@ -467,7 +486,7 @@ fn calibration_is_an_explicit_call_and_otherwise_the_passes_measure() -> Result<
     assert_eq!(done[0].generation.tokens.len(), 8);
     // Without the call, the first adaptive step's own pass measures it (as the single decoder's
     // first round does), and nothing else is timed.
-    let mut lazy = BatchDecoder::new(BatchPolicy::default())?;
+    let mut lazy = BatchDecoder::new(KPolicy::default())?;
     lazy.add(target, draft, Request::new(vec![1, 2]).max_new_tokens(8))?;
     lazy.step()?;
     assert!(lazy.costs().target_secs(1).is_some());
@@ -479,7 +498,7 @@ fn the_first_adaptive_step_drafts_one_token_a_sequence_to_time_the_draft() -> Re
     // A draft equal to its target: every drafted token is accepted, so a step of k drafts
     // emits k + 1 tokens.
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 9);
-    let mut batch = BatchDecoder::new(BatchPolicy::default())?;
+    let mut batch = BatchDecoder::new(KPolicy::default())?;
     for prompt in [vec![1, 2], vec![3]] {
         batch.add(target.clone(), draft.clone(), Request::new(prompt).max_new_tokens(20))?;
     }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_fits, assert_rejects, cell, check_windows, exact_window, processed_row, settings};
-use specdec::batch::{BatchDecoder, BatchPolicy, Request};
+use specdec::batch::{BatchDecoder, Request};
 use specdec::sampling::Noise;
 use specdec::toy::{MarkovModel, PointDraft};
 use specdec::{
@@ -28,7 +28,7 @@ fn plain_runs(target: &MarkovModel, cfg: &SamplingConfig, new: usize, generation
 /// Generations of `spec` equal `plain`'s one for one; returns the drafted and accepted counts.
 fn assert_equal_runs<D: DraftModel>(
     what: &str,
-    spec: &mut SpeculativeDecoder<D, MarkovModel>,
+    spec: &mut SpeculativeDecoder<MarkovModel, D>,
     plain: &[Vec<u32>],
 ) -> Result<(usize, usize)> {
     let (mut drafted, mut accepted) = (0, 0);
@@ -96,7 +96,7 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
 fn coupled_batches_equal_plain_output() -> Result<()> {
     let target = toy_target();
     let draft = target.noisy_copy(0.3, 24);
-    for policy in [BatchPolicy::Fixed(3), BatchPolicy::Plain, BatchPolicy::Adaptive { max_k: 4 }] {
+    for policy in [KPolicy::Fixed(3), KPolicy::Plain, KPolicy::Adaptive { max: 4 }] {
         let mut batch = BatchDecoder::new(policy)?;
         let mut expected = Vec::new();
         for seed in 0..6u64 {

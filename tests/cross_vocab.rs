@@ -13,8 +13,8 @@ use specdec::toy::{MarkovModel, ToyVocab};
 use specdec::tree::ChildPicker;
 use specdec::TokenModel;
 use specdec::{
-    BatchDecoder, BatchPolicy, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder,
-    Proposal, Request, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, Vocabulary,
+    BatchDecoder, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder, Proposal, Request,
+    Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, Vocabulary,
 };
 
 const TARGET: [&str; 6] = ["a", "b", "c", "ab", "bc", "ca"];
@@ -210,7 +210,7 @@ fn a_draft_that_cannot_spell_the_targets_text_is_a_typed_error() -> Result<()> {
 fn batches_with_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
     let target = MarkovModel::random(TARGET.len(), 2, 31);
     let prompts = [PROMPT.to_vec(), vec![3, 3, 0], vec![5, 1]];
-    for policy in [BatchPolicy::Fixed(3), BatchPolicy::Adaptive { max_k: 5 }] {
+    for policy in [KPolicy::Fixed(3), KPolicy::Adaptive { max: 5 }] {
         let mut batch = BatchDecoder::new(policy)?;
         let mut want = Vec::new();
         for (i, p) in prompts.iter().enumerate() {
@@ -227,7 +227,7 @@ fn batches_with_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
         }
         // The adaptive policy may judge drafting not worth it on these toy costs.
         let accepted: usize = done.iter().map(|f| f.generation.stats.accepted).sum();
-        assert!(accepted > 0 || policy != BatchPolicy::Fixed(3), "{policy:?}: nothing accepted");
+        assert!(accepted > 0 || policy != KPolicy::Fixed(3), "{policy:?}: nothing accepted");
     }
     Ok(())
 }

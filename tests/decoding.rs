@@ -1,8 +1,11 @@
 //! Greedy speculative decoding equals plain greedy decoding token for token; seeded sampling
 //! is reproducible; streaming delivers exactly the output; stop tokens and limits hold.
 
+use std::ops::ControlFlow;
+
+use specdec::batch::{BatchDecoder, Request};
 use specdec::toy::{MarkovModel, PointDraft, ToyPair};
-use specdec::{FinishReason, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder};
+use specdec::{FinishReason, KPolicy, PlainDecoder, Result, SamplingConfig, SeqId, SpeculativeDecoder};
 
 #[test]
 fn greedy_speculative_equals_plain_greedy() -> Result<()> {
@@ -83,7 +86,10 @@ fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
     let first = greedy.tokens.iter().position(|&t| t == stop).unwrap_or(10);
     let mut dec = SpeculativeDecoder::builder(target, draft).k(5).max_new_tokens(30).stop_tokens([stop]).build()?;
     let mut streamed = Vec::new();
-    let out = dec.generate_with(&[3], |toks| streamed.extend_from_slice(toks))?;
+    let out = dec.generate_with(&[3], |toks| {
+        streamed.extend_from_slice(toks);
+        ControlFlow::Continue(())
+    })?;
     assert_eq!(out.tokens, streamed);
     assert_eq!(out.tokens, greedy.tokens[..=first]);
     assert_eq!(out.finish, FinishReason::Stop);
@@ -113,5 +119,76 @@ fn step_by_step_matches_generate() -> Result<()> {
     assert!(dec.step()?.is_empty());
     let stepped = dec.generated().to_vec();
     assert_eq!(dec.generate(&[4, 5])?.tokens, stepped);
+    Ok(())
+}
+
+#[test]
+fn the_callback_cancels_a_generation_and_the_decoders_go_on() -> Result<()> {
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 8);
+    let sampling = SamplingConfig::new(0.9)?.with_seed(4);
+    let full = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&[3])?;
+    // The single decoder stops after the callback's first Break, keeping what it streamed.
+    let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone()).k(3).max_new_tokens(40).build()?;
+    let mut streamed = Vec::new();
+    let out = dec.generate_with(&[3], |toks| {
+        streamed.extend_from_slice(toks);
+        if streamed.len() >= 5 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
+    assert_eq!(out.finish, FinishReason::Cancelled);
+    assert_eq!(out.tokens, streamed);
+    assert!(out.tokens.len() >= 5 && out.tokens.len() < 40);
+    assert_eq!(out.tokens, full.tokens[..out.tokens.len()]);
+    // The same decoder then runs a whole generation, equal to plain decoding.
+    assert_eq!(dec.generate(&[3])?.tokens, full.tokens);
+    // The plain decoder stops at once too, and goes on as well.
+    let mut plain = PlainDecoder::new(target.clone(), sampling.clone()).max_new_tokens(40);
+    let out = plain.generate_with(&[3], |_| ControlFlow::Break(()))?;
+    assert_eq!((out.tokens.len(), out.finish), (1, FinishReason::Cancelled));
+    assert_eq!(plain.generate(&[3])?.tokens.len(), 40);
+    Ok(())
+}
+
+#[test]
+fn a_cancelled_sequence_frees_its_slot_and_the_others_lose_nothing() -> Result<()> {
+    let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 8);
+    let request = |i: u32| {
+        let sampling = SamplingConfig::new(0.9).map(|s| s.with_seed(u64::from(i)));
+        sampling.map(|s| Request::new(vec![i + 1, 3]).sampling(s).max_new_tokens(30))
+    };
+    // Each sequence alone, with the batch's fixed k: the reference.
+    let mut alone = Vec::new();
+    for i in 0..3 {
+        let mut b = BatchDecoder::new(KPolicy::Fixed(3))?;
+        b.add(target.clone(), draft.clone(), request(i)?)?;
+        alone.push(b.run()?.remove(0).generation.tokens);
+    }
+    let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
+    for i in 0..3 {
+        batch.add(target.clone(), draft.clone(), request(i)?)?;
+    }
+    let done =
+        batch.run_with(|id, _| if id == SeqId(1) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })?;
+    assert_eq!(done.len(), 3);
+    for f in &done {
+        let want = &alone[f.id.0 as usize];
+        if f.id == SeqId(1) {
+            assert_eq!(f.generation.finish, FinishReason::Cancelled);
+            assert!(!f.generation.tokens.is_empty() && f.generation.tokens.len() < 30);
+            assert_eq!(f.generation.tokens, want[..f.generation.tokens.len()]);
+        } else {
+            assert_eq!(&f.generation.tokens, want, "sequence {:?}", f.id);
+        }
+    }
+    // Cancelling between steps by id: the slot is freed at once, an unknown id is an error.
+    let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
+    let id = batch.add(target.clone(), draft.clone(), request(0)?)?;
+    batch.step()?;
+    let f = batch.cancel(id)?;
+    assert_eq!((batch.active(), f.generation.finish), (0, FinishReason::Cancelled));
+    assert!(batch.cancel(id).is_err());
     Ok(())
 }

@@ -242,7 +242,7 @@ fn exact_windows<T: TargetModel>(
 /// target alone (`check`: fit; else the statistic must reject). Returns (drafted, accepted).
 fn check_head_windows<D: DraftModel, T: TargetModel>(
     what: &str,
-    dec: &mut SpeculativeDecoder<D, T>,
+    dec: &mut SpeculativeDecoder<T, D>,
     exact: &[HashMap<Vec<u32>, f64>],
     prompt: &[u32],
     samples: usize,

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde_json::json;
 use specdec::adaptive::CostModel;
-use specdec::batch::{BatchDecoder, BatchPolicy, Request, MAX_ROWS};
+use specdec::batch::{BatchDecoder, Request, MAX_ROWS};
 use specdec::{KPolicy, Llama, LlamaWeights, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel};
 
 use crate::chart::{line_chart, Series};
@@ -50,10 +50,10 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
         let t = costs.target_secs(m).unwrap_or(f64::NAN);
         println!("  m {m:>3}: {:>7.1} ms  T(m)/T(1) {:>5.2}  ms per row {:>5.2}", t * 1e3, t / t1, t * 1e3 / m as f64);
     }
-    measure(target, draft, plan, 2, BatchPolicy::Plain, &costs)?; // warm-up
-    let mut policies = vec![BatchPolicy::Plain];
-    policies.extend(plan.ks.iter().map(|&k| BatchPolicy::Fixed(k)));
-    policies.push(BatchPolicy::Adaptive { max_k: plan.max_k });
+    measure(target, draft, plan, 2, KPolicy::Plain, &costs)?; // warm-up
+    let mut policies = vec![KPolicy::Plain];
+    policies.extend(plan.ks.iter().map(|&k| KPolicy::Fixed(k)));
+    policies.push(KPolicy::Adaptive { max: plan.max_k });
     println!(
         "{:>5} {:<14} {:>9} {:>8} {:>10} {:>8} {:>10} {:>11} {:>7} {:>6} {:>9}",
         "batch",
@@ -68,7 +68,7 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
         "alpha",
         "tok/step"
     );
-    let mut table: Vec<(usize, BatchPolicy, Measure)> = Vec::new();
+    let mut table: Vec<(usize, KPolicy, Measure)> = Vec::new();
     for &b in &plan.sizes {
         // The policies take turns, `repeats` times, so that the machine's drifting speed
         // touches them alike; each row is their mean.
@@ -82,7 +82,7 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
         let mut plain = (0.0, 0.0);
         for (&policy, runs) in policies.iter().zip(runs) {
             let m = mean_of(runs);
-            if policy == BatchPolicy::Plain {
+            if policy == KPolicy::Plain {
                 plain = (m.tok_s, m.tok_s_all);
             }
             println!(
@@ -118,11 +118,12 @@ fn mean_of(runs: Vec<Measure>) -> Measure {
     Measure { tok_s, tok_s_all, latency_s, stats }
 }
 
-fn name(p: BatchPolicy) -> String {
+fn name(p: KPolicy) -> String {
     match p {
-        BatchPolicy::Plain => "plain".into(),
-        BatchPolicy::Fixed(k) => format!("fixed k={k}"),
-        BatchPolicy::Adaptive { max_k } => format!("adaptive<={max_k}"),
+        KPolicy::Plain => "plain".into(),
+        KPolicy::Fixed(k) => format!("fixed k={k}"),
+        KPolicy::Adaptive { max: max_k } => format!("adaptive<={max_k}"),
+        p => p.to_string(),
     }
 }
 
@@ -134,7 +135,7 @@ fn measure(
     draft: &Arc<LlamaWeights>,
     plan: &Plan,
     b: usize,
-    policy: BatchPolicy,
+    policy: KPolicy,
     costs: &CostModel,
 ) -> Result<Measure> {
     let start = Instant::now();
@@ -187,21 +188,15 @@ fn single_sequence(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: 
 }
 
 /// The numbers the issue asks for, the crossover, the chart and the JSON line.
-fn summary(
-    plan: &Plan,
-    policies: &[BatchPolicy],
-    table: &[(usize, BatchPolicy, Measure)],
-    single: [f64; 4],
-) -> Result<()> {
-    let tok_s = |b: usize, p: BatchPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.tok_s);
-    let tok_s_all =
-        |b: usize, p: BatchPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.tok_s_all);
+fn summary(plan: &Plan, policies: &[KPolicy], table: &[(usize, KPolicy, Measure)], single: [f64; 4]) -> Result<()> {
+    let tok_s = |b: usize, p: KPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.tok_s);
+    let tok_s_all = |b: usize, p: KPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.tok_s_all);
     println!("adaptive against the best of plain and each fixed k, per batch size (decoding; with prefill):");
     for &b in &plan.sizes {
-        let others = policies.iter().filter(|p| !matches!(p, BatchPolicy::Adaptive { .. }));
+        let others = policies.iter().filter(|p| !matches!(p, KPolicy::Adaptive { .. }));
         let best = others.clone().map(|&p| tok_s(b, p)).fold(0.0, f64::max);
         let best_all = others.map(|&p| tok_s_all(b, p)).fold(0.0, f64::max);
-        let adaptive = BatchPolicy::Adaptive { max_k: plan.max_k };
+        let adaptive = KPolicy::Adaptive { max: plan.max_k };
         let (a, a_all) = (tok_s(b, adaptive), tok_s_all(b, adaptive));
         println!(
             "  batch {b:>3}: adaptive {a:.1} tok/s = {:.3} x best {best:.1}; with prefill {a_all:.1} = {:.3} x {best_all:.1}",
@@ -210,18 +205,18 @@ fn summary(
         );
     }
     for &k in &plan.ks {
-        let cross = plan.sizes.iter().find(|&&b| tok_s(b, BatchPolicy::Fixed(k)) < tok_s(b, BatchPolicy::Plain));
+        let cross = plan.sizes.iter().find(|&&b| tok_s(b, KPolicy::Fixed(k)) < tok_s(b, KPolicy::Plain));
         match cross {
             Some(b) => println!("fixed k={k} stops paying at batch {b} (slower than plain batched decoding)"),
             None => println!("fixed k={k} pays at every batch size measured"),
         }
     }
-    let (p1, p8) = (tok_s(1, BatchPolicy::Plain), tok_s(8, BatchPolicy::Plain));
+    let (p1, p8) = (tok_s(1, KPolicy::Plain), tok_s(8, KPolicy::Plain));
     if p1 > 0.0 && p8 > 0.0 {
-        let ratio_all = tok_s_all(8, BatchPolicy::Plain) / tok_s_all(1, BatchPolicy::Plain);
+        let ratio_all = tok_s_all(8, KPolicy::Plain) / tok_s_all(1, KPolicy::Plain);
         println!("plain throughput, batch 8 over batch 1: {:.2}x decoding, {ratio_all:.2}x with prefill", p8 / p1);
     }
-    let adaptive = BatchPolicy::Adaptive { max_k: plan.max_k };
+    let adaptive = KPolicy::Adaptive { max: plan.max_k };
     println!(
         "single-sequence decoders, same prompt: plain {:.1} tok/s, adaptive speculation {:.1} ({:.1} and {:.1} with prefill); batch 1 adaptive {:.1} ({:.1} with prefill)",
         single[0],
@@ -231,9 +226,9 @@ fn summary(
         tok_s(1, adaptive),
         tok_s_all(1, adaptive)
     );
-    let latency = |b: usize, p: BatchPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.latency_s);
-    let series = |value: &dyn Fn(usize, BatchPolicy) -> f64| -> Vec<Series> {
-        let line = |&p: &BatchPolicy| Series {
+    let latency = |b: usize, p: KPolicy| table.iter().find(|r| r.0 == b && r.1 == p).map_or(0.0, |r| r.2.latency_s);
+    let series = |value: &dyn Fn(usize, KPolicy) -> f64| -> Vec<Series> {
+        let line = |&p: &KPolicy| Series {
             name: name(p),
             points: plan.sizes.iter().map(|&b| (b as f64, value(b, p))).collect(),
             dashed: false,

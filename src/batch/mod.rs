@@ -12,10 +12,10 @@
 use std::ops::ControlFlow;
 
 use crate::adaptive::{CostModel, KPolicy, Prober, TreePolicy};
-use crate::decoder::{Driver, Member, Start};
-pub use crate::decoder::{SeqId, MAX_ROWS};
 #[cfg(feature = "fault-injection")]
 pub use crate::decoder::Fault;
+use crate::decoder::{Driver, Member, Start};
+pub use crate::decoder::{SeqId, MAX_ROWS};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::SamplingConfig;

@@ -8,8 +8,8 @@
 //! batched call per depth, are scored in one batched target pass, and are judged, kept and
 //! rolled back each on its own with the exact kernel.
 
-use super::Injected;
 use super::member::Member;
+use super::Injected;
 use crate::adaptive::{Acceptance, Candidate, CostModel, KPolicy};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};

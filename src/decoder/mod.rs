@@ -16,8 +16,8 @@ pub use driver::MAX_ROWS;
 #[cfg(feature = "fault-injection")]
 pub use fault::Fault;
 pub(crate) use fault::Injected;
-pub(crate) use member::{Member, Start};
 pub use member::SeqId;
+pub(crate) use member::{Member, Start};
 pub(crate) use sequence::{NoDraft, Sequence};
 
 use std::ops::ControlFlow;

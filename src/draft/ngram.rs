@@ -199,7 +199,6 @@ impl DraftModel for NGramDraft {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -181,4 +181,3 @@ impl DraftModel for EagleDraft {
         self.grow_tree(row, root, budget, picker)
     }
 }
-

@@ -202,4 +202,3 @@ impl DraftModel for MedusaDraft {
         Ok(tree)
     }
 }
-

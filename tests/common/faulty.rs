@@ -2,7 +2,7 @@
 
 use specdec::toy::MarkovModel;
 use specdec::TokenModel;
-use specdec::{BatchTarget, Error, Logits, Result, TargetModel};
+use specdec::{Error, Logits, Result, TargetModel};
 
 /// A toy target that misbehaves on its `fail_at`-th forward call.
 #[derive(Clone)]
@@ -52,5 +52,3 @@ impl TargetModel for Faulty {
         Logits::new(data, logits.vocab())
     }
 }
-
-impl BatchTarget for Faulty {}

@@ -164,7 +164,7 @@ pub fn cell(tokens: &[u32], start: usize, len: usize, vocab: usize) -> usize {
 /// over all generations, so that a test can check that drafting actually happened.
 pub fn check_windows<D: DraftModel, T: TargetModel>(
     name: &str,
-    decoder: &mut SpeculativeDecoder<D, T>,
+    decoder: &mut SpeculativeDecoder<T, D>,
     target: &MarkovModel,
     cfg: &SamplingConfig,
     prompt: &[u32],
@@ -181,7 +181,7 @@ pub fn check_windows<D: DraftModel, T: TargetModel>(
 /// The counts [`check_windows`] tests (windows 0..3 and `second..second + 3`), and the summed
 /// counters.
 pub fn window_counts<D: DraftModel, T: TargetModel>(
-    decoder: &mut SpeculativeDecoder<D, T>,
+    decoder: &mut SpeculativeDecoder<T, D>,
     vocab: usize,
     prompt: &[u32],
     second: usize,
