@@ -177,8 +177,7 @@ fn main() -> Result<()> {
     if let Some(p) = args.top_p {
         sampling = sampling.with_top_p(p)?;
     }
-    let mut stop = target_w.config().eos_token_ids.clone();
-    stop.extend(tokenizer.end_of_turn_ids());
+    let stop = tokenizer.stop_ids();
 
     let mode = match (args.temperature == 0.0, sampling.is_coupled()) {
         (true, _) => "greedy",

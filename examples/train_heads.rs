@@ -202,8 +202,7 @@ fn generate(
     let text = std::fs::read_to_string(&args.prompts).with_context(|| format!("reading {}", args.prompts))?;
     let prompts: Vec<&str> =
         text.lines().filter(|l| !l.trim().is_empty()).take(args.prompts_limit.unwrap_or(usize::MAX)).collect();
-    let mut stop = weights.config().eos_token_ids.clone();
-    stop.extend(tok.end_of_turn_ids());
+    let stop = tok.stop_ids();
     let mut decoders = Vec::new();
     for temp in [0.0, 0.8] {
         let mut verifier = Llama::new(weights.clone())?;

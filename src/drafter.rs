@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use candle_core::Device;
 
-use crate::draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft};
+use crate::draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabPair};
 use crate::error::{Error, Result};
 #[cfg(feature = "heads")]
 use crate::heads::{EagleVersion, HeadDraft};
@@ -20,6 +20,7 @@ use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// Which drafter to build, as written on a command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DrafterSpec {
     /// `model` or `model:PATH_OR_HUB_ID[@FORMAT]`: a separate model (default: the target's file
     /// with its weights as stored, e.g. the Q4_1 weights of a Q4_1 GGUF), its weights held
@@ -209,7 +210,11 @@ impl Drafter {
         method: CrossMethod,
     ) -> Result<Self> {
         let target_len = target.config().vocab_size;
-        Ok(Self::Cross(CrossVocabDraft::new(draft, draft_tok, tokenizer.clone(), target_len, method)?))
+        Ok(Self::Cross(CrossVocabDraft::new(
+            draft,
+            VocabPair { target: tokenizer.clone(), target_len, draft: draft_tok },
+            method,
+        )?))
     }
 
     /// What the drafter does beyond its spec, for a status line: how many token ids a model

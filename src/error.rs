@@ -139,6 +139,21 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidSetting`].
+    /// This error as one about the file or folder at `path` (as candle-core's `with_path`):
+    /// a load error that names no path gets it, and io and candle errors become load errors
+    /// that keep the original as their `source()`. Other errors are returned as they are.
+    pub fn with_path(self, path: impl Into<PathBuf>) -> Self {
+        match self {
+            Error::Load { path: old, reason, source } if old.as_os_str().is_empty() => {
+                Error::Load { path: path.into(), reason, source }
+            }
+            Error::Io(e) => Error::load_from(path, "cannot read", e),
+            #[cfg(feature = "models")]
+            Error::Candle(e) => Error::load_from(path, "cannot read", e),
+            other => other,
+        }
+    }
+
     pub fn setting(name: &'static str, value: impl std::fmt::Display, expected: &'static str) -> Self {
         Error::InvalidSetting { name, value: value.to_string(), expected }
     }

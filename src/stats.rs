@@ -85,6 +85,7 @@ pub enum FinishReason {
 
 /// Counters and timings of one generation. Times are in seconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Stats {
     /// Tokens generated (the prompt not counted).
     pub new_tokens: usize,

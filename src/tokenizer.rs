@@ -16,6 +16,8 @@ use crate::model::Vocabulary;
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_system: Option<String>,
+    /// The model's end-of-sequence ids, from its config (set when a model is loaded).
+    eos: Vec<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -38,7 +40,7 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::Tokenizer { message: format!("{}: {e}", path.display()), source: Some(e) })?;
         let chat_system = None;
-        Ok(Self { inner, chat_system })
+        Ok(Self { inner, chat_system, eos: Vec::new() })
     }
 
     /// Rebuilds the tokenizer stored in GGUF metadata (`tokenizer.ggml.*`).
@@ -90,7 +92,7 @@ impl Tokenizer {
         };
         let inner = tokenizers::Tokenizer::from_str(&json.to_string()).map_err(tok_err)?;
         let template = md.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
-        Ok(Self { inner, chat_system: template.and_then(|t| default_system_prompt(t)) })
+        Ok(Self { inner, chat_system: template.and_then(|t| default_system_prompt(t)), eos: Vec::new() })
     }
 
     /// Text to token ids, with the model's start token when it wants one; special tokens written
@@ -166,12 +168,25 @@ impl Tokenizer {
         ids
     }
 
-    /// Token ids that end a chat turn (`<|im_end|>`, `<|eot_id|>`, `</s>`, …) found in the vocabulary.
-    pub fn end_of_turn_ids(&self) -> Vec<u32> {
-        ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<end_of_turn>"]
-            .iter()
-            .filter_map(|t| self.token_to_id(t))
-            .collect()
+    /// The tokens that end a generation: the model's end-of-sequence ids (from its config,
+    /// when the tokenizer came with a loaded model) and the tokens that end a chat turn
+    /// (`<|im_end|>`, `<|eot_id|>`, `</s>`, `<end_of_turn>`, …) found in the vocabulary. The one
+    /// list to pass to a decoder's `stop_tokens`.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let turn = ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<end_of_turn>"];
+        let mut ids = self.eos.clone();
+        for id in turn.iter().filter_map(|t| self.token_to_id(t)) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
+    /// The tokenizer with the model's end-of-sequence ids (see [`stop_ids`](Self::stop_ids)).
+    pub(crate) fn with_eos(mut self, eos: Vec<u32>) -> Self {
+        self.eos = eos;
+        self
     }
 }
 

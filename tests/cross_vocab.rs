@@ -14,7 +14,7 @@ use specdec::tree::ChildPicker;
 use specdec::TokenModel;
 use specdec::{
     BatchDecoder, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder, Proposal, Request,
-    Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, Vocabulary,
+    Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, VocabPair, Vocabulary,
 };
 
 const TARGET: [&str; 6] = ["a", "b", "c", "ab", "bc", "ca"];
@@ -28,7 +28,7 @@ fn vocabs() -> Result<(ToyVocab, ToyVocab)> {
 
 fn cross(draft: MarkovModel, method: CrossMethod) -> Result<CrossVocabDraft<MarkovModel, ToyVocab>> {
     let (d, t) = vocabs()?;
-    CrossVocabDraft::new(draft, d, t, TARGET.len(), method)
+    CrossVocabDraft::new(draft, VocabPair { target: t, target_len: TARGET.len(), draft: d }, method)
 }
 
 #[test]
@@ -197,7 +197,11 @@ fn the_battery_rejects_judging_a_draft_token_by_another_strings_probability() ->
 fn a_draft_that_cannot_spell_the_targets_text_is_a_typed_error() -> Result<()> {
     let target = MarkovModel::random(TARGET.len(), 2, 5);
     let no_c = ToyVocab::new(["a", "b", "ab"])?;
-    let draft = CrossVocabDraft::new(MarkovModel::random(3, 1, 6), no_c, ToyVocab::new(TARGET)?, 6, CrossMethod::Text)?;
+    let draft = CrossVocabDraft::new(
+        MarkovModel::random(3, 1, 6),
+        VocabPair { target: ToyVocab::new(TARGET)?, target_len: 6, draft: no_c },
+        CrossMethod::Text,
+    )?;
     let mut dec = SpeculativeDecoder::builder(target, draft).k(3).max_new_tokens(8).build()?;
     match dec.generate(&PROMPT) {
         Err(Error::Tokenizer { message, .. }) => assert!(message.contains("cannot spell"), "{message}"),
@@ -241,7 +245,8 @@ fn a_failing_draft_model_leaves_the_drafter_usable() -> Result<()> {
             let inner = MarkovModel::random(DRAFT.len(), 2, 9);
             let faulty = Faulty { inner, calls: 0, fail_at, fault: FaultKind::Fails };
             let (d, t) = vocabs()?;
-            let draft = CrossVocabDraft::new(faulty, d, t, TARGET.len(), method)?;
+            let draft =
+                CrossVocabDraft::new(faulty, VocabPair { target: t, target_len: TARGET.len(), draft: d }, method)?;
             let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).max_new_tokens(30).build()?;
             assert!(dec.generate(&PROMPT).is_err(), "{method}, call {fail_at} fails");
             let out = dec.generate(&PROMPT)?;
@@ -284,8 +289,11 @@ fn a_draft_whose_context_fills_first_leaves_the_target_decoding_alone() -> Resul
     let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&PROMPT)?;
     for method in [CrossMethod::Text, CrossMethod::Intersection] {
         let (d, t) = vocabs()?;
-        let draft =
-            CrossVocabDraft::new(Short(MarkovModel::random(DRAFT.len(), 2, 13), 24), d, t, TARGET.len(), method)?;
+        let draft = CrossVocabDraft::new(
+            Short(MarkovModel::random(DRAFT.len(), 2, 13), 24),
+            VocabPair { target: t, target_len: TARGET.len(), draft: d },
+            method,
+        )?;
         let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).max_new_tokens(40).build()?;
         let out = dec.generate(&PROMPT)?;
         assert_eq!(out.tokens, plain.tokens, "{method}");
@@ -298,9 +306,19 @@ fn a_draft_whose_context_fills_first_leaves_the_target_decoding_alone() -> Resul
 fn bad_settings_are_errors() -> Result<()> {
     let (d, t) = vocabs()?;
     // A target row shorter than the target's vocabulary.
-    assert!(CrossVocabDraft::new(MarkovModel::random(4, 1, 1), d.clone(), t.clone(), 5, CrossMethod::Text).is_err());
+    assert!(CrossVocabDraft::new(
+        MarkovModel::random(4, 1, 1),
+        VocabPair { target: t.clone(), target_len: 5, draft: d.clone() },
+        CrossMethod::Text
+    )
+    .is_err());
     // A draft model whose rows are shorter than its vocabulary.
-    assert!(CrossVocabDraft::new(MarkovModel::random(3, 1, 1), d, t, 6, CrossMethod::Text).is_err());
+    assert!(CrossVocabDraft::new(
+        MarkovModel::random(3, 1, 1),
+        VocabPair { target: t, target_len: 6, draft: d },
+        CrossMethod::Text
+    )
+    .is_err());
     assert!("texty".parse::<CrossMethod>().is_err());
     assert_eq!("intersection".parse::<CrossMethod>()?, CrossMethod::Intersection);
     let mut x = cross(MarkovModel::random(4, 1, 1), CrossMethod::Text)?;
@@ -350,7 +368,7 @@ proptest::proptest! {
         let method = if text { CrossMethod::Text } else { CrossMethod::Intersection };
         let faulty = Faulty { inner: MarkovModel::random(dv.len(), 2, seed + 1), calls: 0, fail_at, fault: FaultKind::Fails };
         let target_len = tv.len();
-        let draft = CrossVocabDraft::new(faulty, dv, tv, target_len, method).unwrap();
+        let draft = CrossVocabDraft::new(faulty, VocabPair { target: tv, target_len, draft: dv }, method).unwrap();
         let mut dec = SpeculativeDecoder::builder(target, draft).k(k).max_new_tokens(24).build().unwrap();
         for _ in 0..2 {
             if let Ok(out) = dec.generate(&prompt) {

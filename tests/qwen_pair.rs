@@ -89,7 +89,7 @@ fn qwen_chat_turns_and_end_of_turn() -> Result<()> {
     );
     let ids = tok.encode(&tok.chat_prompt("Hi"))?;
     assert_eq!(ids[0], 151_644, "<|im_start|> first, no BOS");
-    assert!(tok.end_of_turn_ids().contains(&151_645), "<|im_end|> ends a turn");
+    assert!(tok.stop_ids().contains(&151_645), "<|im_end|> ends a turn");
     Ok(())
 }
 
@@ -106,8 +106,7 @@ const EDIT: &str = "Rename the parameter `n` to `count` in this function and ret
 fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
     let Some((target, tok)) = load(QWEN_1_5B) else { return Ok(()) };
     let Some((draft, _)) = load(QWEN_0_5B) else { return Ok(()) };
-    let mut stop = target.config().eos_token_ids.clone();
-    stop.extend(tok.end_of_turn_ids());
+    let stop = tok.stop_ids();
     let new_tokens = 20;
     for prompt in ["Write a Python function that checks whether a number is prime.", EDIT] {
         let ids = tok.encode(&tok.chat_prompt(prompt))?;

@@ -50,7 +50,7 @@ fn tree_rows_equal_sequential_paths_and_kept_paths_equal_fresh_runs() -> Result<
             }
             // Keep the path to the deepest leaf, then step once: as if the path had been fed.
             let kept = paths(&tree).into_iter().max_by_key(Vec::len).expect("a path");
-            model.keep_path(&kept)?;
+            model.keep_tree_path(&kept)?;
             assert_eq!(model.context_len(), prompt.len() + kept.len());
             let next = model.forward(&[20, 21], 2)?;
             let mut fresh = Llama::new(w)?;
@@ -73,15 +73,15 @@ fn misused_trees_are_typed_errors() -> Result<()> {
     let mut model = Llama::new(w)?;
     model.forward(&[1, 2, 3], 0)?;
     let tree = TreeShape::new(&[0, 0])?;
-    assert!(model.keep_path(&[0]).is_err(), "no tree call before");
+    assert!(model.keep_tree_path(&[0]).is_err(), "no tree call before");
     assert!(model.forward_tree(&[4, 5], &tree).is_err(), "a tree of another size");
     model.forward_tree(&[4, 5, 6], &tree)?;
-    assert!(model.keep_path(&[0, 1, 2]).is_err(), "siblings are not a path");
-    assert!(model.keep_path(&[0, 2]).is_err(), "the tree is gone after a failed keep");
+    assert!(model.keep_tree_path(&[0, 1, 2]).is_err(), "siblings are not a path");
+    assert!(model.keep_tree_path(&[0, 2]).is_err(), "the tree is gone after a failed keep");
     model.forward_tree(&[4, 5, 6], &tree)?;
-    assert!(model.keep_path(&[1]).is_err(), "a path starts at the root");
+    assert!(model.keep_tree_path(&[1]).is_err(), "a path starts at the root");
     model.forward_tree(&[4, 5, 6], &tree)?;
-    model.keep_path(&[0, 2])?;
+    model.keep_tree_path(&[0, 2])?;
     assert_eq!(model.context_len(), 5);
     Ok(())
 }

@@ -138,8 +138,7 @@ fn main() -> Result<()> {
     let target_format: WeightFormat = args.target_format.parse()?;
     let (target, tok) = files.load(target_format, &device).with_context(|| format!("loading {target_spec}"))?;
     let prompts = load_prompts(&args, &tok)?;
-    let mut stop = target.config().eos_token_ids.clone();
-    stop.extend(tok.end_of_turn_ids());
+    let mut stop = tok.stop_ids();
     if args.ignore_eos {
         stop.clear();
     }

@@ -7,6 +7,6 @@ pub mod cross;
 mod lookup;
 pub mod ngram;
 
-pub use cross::{CrossMethod, CrossVocabDraft, VocabMap};
+pub use cross::{CrossMethod, CrossVocabDraft, VocabMap, VocabPair};
 pub use lookup::LookupOr;
 pub use ngram::NGramDraft;

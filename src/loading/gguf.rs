@@ -56,7 +56,11 @@ impl GgufFile {
         Self::from_reader(Box::new(Cursor::new(bytes.into())), PathBuf::from("<memory>"))
     }
 
-    fn from_reader(mut reader: Box<dyn Source>, path: PathBuf) -> Result<Self> {
+    fn from_reader(reader: Box<dyn Source>, path: PathBuf) -> Result<Self> {
+        Self::read(reader, path.clone()).map_err(|e| e.with_path(path))
+    }
+
+    fn read(mut reader: Box<dyn Source>, path: PathBuf) -> Result<Self> {
         let fail = |reason: String| Error::load(path.clone(), reason);
         let len = reader.seek(SeekFrom::End(0))?;
         reader.seek(SeekFrom::Start(0))?;

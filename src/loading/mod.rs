@@ -51,6 +51,13 @@ pub enum ModelFiles {
 }
 
 impl ModelFiles {
+    /// The GGUF file or the folder.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Gguf(path) | Self::HfDir(path) => path,
+        }
+    }
+
     /// Resolves a model given as a `.gguf` path, an HF-layout folder, or, written
     /// `hf:org/name`, a hub repository (fetched into the hub cache; `HF_HOME` moves the cache).
     /// Only the `hf:` prefix reaches the network: a mistyped local path is an error, not a
@@ -126,7 +133,9 @@ impl ModelFiles {
                 (Box::new(dir), config, tokenizer)
             }
         };
-        let weights = LlamaWeights::load(source.as_mut(), config, format, device, engine)?;
+        let tokenizer = tokenizer.with_eos(config.eos_token_ids.clone());
+        let weights = LlamaWeights::load(source.as_mut(), config, format, device, engine)
+            .map_err(|e| e.with_path(self.path()))?;
         Ok((Arc::new(weights), tokenizer))
     }
 }

@@ -12,6 +12,7 @@ use crate::tree::TreeShape;
 
 /// Which implementation computes the forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Engine {
     /// Native on CPU where it has SIMD kernels for the weight format, candle otherwise.
     /// f32 weights always run natively on the CPU (the portable f32 kernel vectorizes for any
@@ -51,7 +52,7 @@ pub struct TokenMatrices {
 /// [`keep_path`](Backend::keep_path); [`forward_hidden`](Backend::forward_hidden) also hands
 /// out hidden states ([`Tap`]) for draft heads; [`forward_batch`](Backend::forward_batch)
 /// scores several sequences, each with its own cache, in one pass.
-pub trait Backend: Debug + Send + Sync + 'static {
+pub(crate) trait Backend: Debug + Send + Sync + 'static {
     /// The KV cache of one model instance.
     type Cache: Cache;
 
@@ -160,7 +161,7 @@ pub trait Backend: Debug + Send + Sync + 'static {
 }
 
 /// The KV cache of one model instance: one cache layer for each block it runs.
-pub trait Cache: Debug + Send + 'static {
+pub(crate) trait Cache: Debug + Send + 'static {
     /// The blocks this cache's instance runs, in order (see [`Backend::new_cache`]).
     fn blocks(&self) -> &[usize];
 }
@@ -168,7 +169,7 @@ pub trait Cache: Debug + Send + 'static {
 /// What a forward pass returns: the logits rows (row-major) and the hidden states its taps
 /// named, in their order.
 #[derive(Debug, Clone, Default)]
-pub struct Pass {
+pub(crate) struct Pass {
     /// The logits of the rows asked for, row-major.
     pub logits: Vec<f32>,
     /// One `tokens × hidden_size` block per tap, row-major.
@@ -178,7 +179,7 @@ pub struct Pass {
 /// One sequence's part of a [`Backend::forward_batch`] call: `tokens` at positions
 /// `pos..pos + tokens.len()`, logits for the last `rows` of them.
 #[derive(Debug, Clone, Copy)]
-pub struct BatchCall<'a> {
+pub(crate) struct BatchCall<'a> {
     /// Where the tokens go in the sequence's cache.
     pub pos: usize,
     /// The tokens.

@@ -34,7 +34,7 @@ impl Features {
     }
 
     /// Keeps the first `len` rows (what a target's roll-back does).
-    pub fn truncate(&self, len: usize) {
+    pub(crate) fn truncate(&self, len: usize) {
         let mut rows = self.lock();
         let keep = len * rows.width;
         rows.data.truncate(keep);

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 
 /// How a model's matrix weights are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WeightFormat {
     /// Dequantized to f32 (the exact target).
     F32,

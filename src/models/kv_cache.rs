@@ -52,7 +52,7 @@ impl KvCache {
 
 impl KvCache {
     /// Keeps the positions `pos + path[j]` at `pos + j` (a tree's accepted path, see
-    /// [`crate::models::Backend::keep_path`]) and forgets the rest from `pos + path.len()` on.
+    /// `Backend::keep_path`) and forgets the rest from `pos + path.len()` on.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] for a path outside the live positions; backend failures.

@@ -2,7 +2,7 @@
 //! separate output head) that scores any number of new tokens at the current offset in one
 //! call and rolls its KV cache back with `truncate`.
 //!
-//! Two engines compute it, behind one [`Backend`](crate::models::Backend) trait: the native
+//! Two engines compute it, behind one `Backend` (`models::engine`) trait: the native
 //! CPU engine ([`super::native`], our own kernels) and a candle engine (any device).
 //! [`Engine::Auto`] picks the native one on CPU when it has SIMD kernels for the weight
 //! format.
@@ -248,7 +248,7 @@ impl Llama {
 
     /// Scores a tree of tokens after the context in one call: `tokens[0]` follows the context,
     /// and `tokens[i]` (i ≥ 1) follows `tokens[tree parent]`, seeing only its ancestors. Returns
-    /// one logits row per token. The context does not grow until [`Llama::keep_path`] keeps a
+    /// one logits row per token. The context does not grow until [`Llama::keep_tree_path`] keeps a
     /// path (or any other call forgets the tree).
     ///
     /// # Errors
@@ -282,8 +282,8 @@ impl Llama {
     /// # Errors
     /// [`Error::NotReady`] without a tree call just before; [`Error::InvalidSetting`] for a
     /// list that is not a root path of that tree.
-    pub fn keep_path(&mut self, path: &[usize]) -> Result<()> {
-        let tree = self.tree.take().ok_or(Error::NotReady("keep_path needs a forward_tree call just before"))?;
+    pub fn keep_tree_path(&mut self, path: &[usize]) -> Result<()> {
+        let tree = self.tree.take().ok_or(Error::NotReady("keep_tree_path needs a forward_tree call just before"))?;
         let is_path = path.iter().enumerate().all(|(j, &t)| {
             t < tree.len() && tree.depth(t) == j && (j == 0 || (path[j - 1] < t && tree.sees(t)[path[j - 1]]))
         });
@@ -424,7 +424,7 @@ impl TokenModel for Llama {
     }
 
     /// Rolls the context back to `len` tokens: the next forward runs at position `len` (see
-    /// the roll-back contract of [`Backend`](crate::models::Backend)).
+    /// the roll-back contract of `Backend` (`models::engine`)).
     fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.len {
             return Err(Error::BadTruncate { len: self.len, to: len });
@@ -452,7 +452,7 @@ impl TargetModel for Llama {
     }
 
     fn keep_path(&mut self, _tokens: &[u32], path: &[usize]) -> Result<()> {
-        Llama::keep_path(self, path)
+        Llama::keep_tree_path(self, path)
     }
 
     fn forward_batch(models: &mut [&mut Self], calls: &[(&[u32], usize)]) -> Result<Vec<Logits>> {

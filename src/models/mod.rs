@@ -18,11 +18,16 @@ pub(crate) mod format;
 pub(crate) mod kv_cache;
 pub(crate) mod linear;
 pub(crate) mod llama;
+// The kernels are public only for the benches and the soundness tests (feature
+// `bench-internals`).
+#[cfg(feature = "bench-internals")]
 pub mod native;
+#[cfg(not(feature = "bench-internals"))]
+pub(crate) mod native;
 pub(crate) mod tensors;
 
 pub use config::{Family, LlamaConfig};
-pub use engine::{Backend, BatchCall, Cache, Engine, Pass, Tap, TokenMatrices};
+pub use engine::{Engine, Tap, TokenMatrices};
 pub use features::Features;
 pub use format::WeightFormat;
 pub use linear::Linear;

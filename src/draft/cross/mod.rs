@@ -95,15 +95,28 @@ pub struct CrossVocabDraft<D, V> {
     cont_done: bool,
 }
 
+/// The two vocabularies a [`CrossVocabDraft`] maps between, by name so that they cannot be
+/// swapped.
+#[derive(Debug, Clone)]
+pub struct VocabPair<V> {
+    /// The target's vocabulary: the ids the decoder sees.
+    pub target: V,
+    /// The length of the target's logits rows (at least its vocabulary's size).
+    pub target_len: usize,
+    /// The draft model's vocabulary.
+    pub draft: V,
+}
+
 impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
-    /// Wraps `draft` (over `draft_vocab`'s ids) to propose `target_vocab`'s ids in rows of
-    /// `target_len`, with `method`. Builds the vocabulary map once.
+    /// Wraps `draft` (over `vocabs.draft`'s ids) to propose `vocabs.target`'s ids in rows of
+    /// `vocabs.target_len`, with `method`. Builds the vocabulary map once.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] when the draft's row is shorter than its vocabulary, when
     /// `target_len` is shorter than the target vocabulary, or when the vocabularies share no
     /// token string; decoder failures.
-    pub fn new(draft: D, draft_vocab: V, target_vocab: V, target_len: usize, method: CrossMethod) -> Result<Self> {
+    pub fn new(draft: D, vocabs: VocabPair<V>, method: CrossMethod) -> Result<Self> {
+        let VocabPair { target: target_vocab, target_len, draft: draft_vocab } = vocabs;
         if draft.vocab_size() < draft_vocab.len() {
             return Err(Error::setting("draft vocabulary", draft_vocab.len(), "at most the draft model's row length"));
         }

@@ -4,13 +4,9 @@
 
 pub(crate) mod attention;
 pub(crate) mod llama;
-// The kernels are public only for the benches and the soundness tests.
-#[doc(hidden)]
 pub mod matmul;
-#[doc(hidden)]
 pub mod out_ptr;
 pub(crate) mod pool;
-#[doc(hidden)]
 pub mod quant;
 mod requant;
 

@@ -41,6 +41,7 @@ impl<'a, T> OutPtr<'a, T> {
     }
 
     /// True for an empty view.
+    #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

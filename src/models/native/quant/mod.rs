@@ -40,6 +40,7 @@ mod avx512;
 mod decode;
 mod kernel;
 
+#[cfg_attr(not(feature = "bench-internals"), allow(unused_imports))]
 pub use kernel::{qmatmul, qmatmul_parallel, qmatmul_portable};
 
 /// Values per chunk the kernels step over (two 32-value blocks).
