@@ -163,7 +163,7 @@ pub use stats::{Clock, FinishReason, Generation, Stats};
 pub use stop::StopRule;
 #[cfg(feature = "llama")]
 pub use tokenizer::{TextStream, Tokenizer};
-pub use tree::{DraftTree, TreeBudget, TreeShape};
+pub use tree::{DraftTree, TreeBudget, TreeCall, TreeShape};
 
 /// The README's Rust code, compiled as doctests so that it cannot rot.
 #[cfg(doctest)]

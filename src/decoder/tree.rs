@@ -4,11 +4,11 @@
 
 use super::Sequence;
 use crate::error::{Error, Result};
-use crate::kernel::{self, DraftRow, TreeNode, Verdict};
+use crate::kernel::{self, Verdict};
 use crate::model::{DraftModel, TargetModel};
 use crate::sampling::argmax;
 use crate::stop::pending;
-use crate::tree::{ChildPicker, DraftTree, TreeBudget};
+use crate::tree::{ChildPicker, DraftTree, TreeBudget, TreeCall};
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// A tree round: the draft proposes a tree, the target scores it in one call, the kernel
@@ -24,18 +24,11 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         let tree = self.clock.timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
         self.stats.draft_calls += 1;
         self.check_tree(&tree, budget)?;
-        let nodes: Vec<TreeNode> = (0..tree.len())
-            .map(|i| TreeNode {
-                token: tree.tokens()[i],
-                parent: tree.parents()[i],
-                q: tree.row(i).map_or(DraftRow::Point, DraftRow::Dense),
-            })
-            .collect();
-        let (tokens, path) = self.verify_tree(&tree, &nodes)?;
+        let (call, path) = self.verify_tree(&tree)?;
         let accepted = path.path.len();
         let target = &mut self.target;
-        let kept: Vec<usize> = std::iter::once(0).chain(path.path.iter().map(|i| i + 1)).collect();
-        self.clock.timed(&mut self.stats.target_secs, || target.keep_path(&tokens, &kept))?;
+        let kept = call.positions(&path.path);
+        self.clock.timed(&mut self.stats.target_secs, || target.keep_path(&call.tokens, &kept))?;
         self.stats.drafted += tree.len();
         self.stats.accepted += accepted;
         self.stats.tree_rounds += 1;
@@ -79,47 +72,45 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     }
 
     /// Scores the pending token and the tree in one target call and walks it. Returns the
-    /// call's tokens (the root, then the nodes) and the verdict.
-    fn verify_tree(&mut self, tree: &DraftTree, nodes: &[TreeNode]) -> Result<(Vec<u32>, kernel::TreeVerdict)> {
+    /// call and the verdict.
+    fn verify_tree(&mut self, tree: &DraftTree) -> Result<(TreeCall, kernel::TreeVerdict)> {
         let pending = pending(&self.ctx, self.target.context_len(), "target")?;
         let (&root, head) = pending.split_last().ok_or(Error::NotReady("nothing pending"))?;
-        let mut tokens = vec![root];
-        tokens.extend_from_slice(tree.tokens());
-        let shape = tree.shape()?;
+        let call = tree.call(root)?;
         let target = &mut self.target;
         let logits = self.clock.timed(&mut self.stats.target_secs, || {
             if !head.is_empty() {
                 target.forward(head, 0)?;
             }
-            target.forward_tree(&tokens, &shape)
+            target.forward_tree(&call.tokens, &call.shape)
         })?;
         self.stats.target_calls += 1;
         let vocab = self.target.vocab_size();
-        if logits.rows() != tokens.len() || logits.vocab() != vocab {
+        if logits.rows() != call.tokens.len() || logits.vocab() != vocab {
             return Err(Error::BadModelOutput {
                 model: "target",
                 what: "tree logits rows",
-                expected: tokens.len(),
+                expected: call.tokens.len(),
                 got: logits.rows(),
             });
         }
+        let nodes = tree.nodes();
         let verdict = if self.sampling.is_greedy() {
-            kernel::verify_tree_greedy(nodes, |r| argmax(logits.row(r)))?
+            kernel::verify_tree_greedy(&nodes, |r| argmax(logits.row(r)))?
         } else if let Some(noise) = &self.noise {
             // Coupled: a child stands when it is the target's race winner at its position (row
-            // 0 predicts position n, node i's row the position after it). Any tree keeps the
-            // text plain decoding's; how its children were picked only sets how much stands.
+            // r predicts the position after call token r). Any tree keeps the text plain
+            // decoding's; how its children were picked only sets how much stands.
             let (sampling, n) = (&self.sampling, self.ctx.len());
             let mut p = Vec::new();
-            kernel::verify_tree_greedy(nodes, |r| {
+            kernel::verify_tree_greedy(&nodes, |r| {
                 sampling.probs(logits.row(r), &mut p)?;
-                let depth = if r == 0 { 0 } else { tree.depth(r - 1) + 1 };
-                noise.pick(&p, (n + depth) as u64)
+                noise.pick(&p, (n + call.depth(r)) as u64)
             })?
         } else {
             let sampling = &self.sampling;
-            kernel::verify_tree(nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
+            kernel::verify_tree(&nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
         };
-        Ok((tokens, verdict))
+        Ok((call, verdict))
     }
 }

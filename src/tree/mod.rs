@@ -15,6 +15,7 @@ mod shape;
 pub use shape::TreeShape;
 
 use crate::error::{Error, Result};
+use crate::kernel::{DraftRow, TreeNode};
 use crate::sampling::{sample, Noise, SamplingConfig};
 
 /// How large a tree a drafter may propose.
@@ -228,13 +229,60 @@ impl DraftTree {
     }
 
     /// The shape of a tree call scoring a root and then these nodes: node `i` is call token
-    /// `i + 1`.
+    /// `i + 1` (see [`call`](Self::call), which keeps that offset in one place).
     ///
     /// # Errors
     /// Never for a tree built with `push` (parents come first).
     pub fn shape(&self) -> Result<TreeShape> {
         let parents: Vec<usize> = self.parents.iter().map(|p| p.map_or(0, |p| p + 1)).collect();
         TreeShape::new(&parents)
+    }
+
+    /// The kernel's view of the nodes (see [`verify_tree`](crate::kernel::verify_tree)).
+    pub fn nodes(&self) -> Vec<TreeNode<'_>> {
+        (0..self.len())
+            .map(|i| TreeNode {
+                token: self.tokens[i],
+                parent: self.parents[i],
+                q: self.row(i).map_or(DraftRow::Point, DraftRow::Dense),
+            })
+            .collect()
+    }
+
+    /// The tree call that scores `root` (the pending token) and then the nodes: its tokens
+    /// and attention layout, and the mapping between its positions and the nodes.
+    ///
+    /// # Errors
+    /// Never for a tree built with `push` (parents come first).
+    pub fn call(&self, root: u32) -> Result<TreeCall> {
+        let mut tokens = vec![root];
+        tokens.extend_from_slice(&self.tokens);
+        let depths = std::iter::once(0).chain((0..self.len()).map(|i| self.depth(i) + 1)).collect();
+        Ok(TreeCall { tokens, shape: self.shape()?, depths })
+    }
+}
+
+/// A tree call: the root (position 0), then node `i` at position `i + 1`. The kernel's verdict
+/// names nodes; [`positions`](Self::positions) turns an accepted path into the call positions a
+/// model keeps, and the kernel's row index `r` is a call position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeCall {
+    /// The call's tokens.
+    pub tokens: Vec<u32>,
+    /// Which tokens of the call each sees.
+    pub shape: TreeShape,
+    depths: Vec<usize>,
+}
+
+impl TreeCall {
+    /// The call positions of the root and then of the accepted `path` (node indices).
+    pub fn positions(&self, path: &[usize]) -> Vec<usize> {
+        std::iter::once(0).chain(path.iter().map(|i| i + 1)).collect()
+    }
+
+    /// How far the token at call position `r` lies below the root (0 for the root).
+    pub fn depth(&self, r: usize) -> usize {
+        self.depths[r]
     }
 }
 
