@@ -43,14 +43,20 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
     }
 
     /// One round for every unfinished sequence. Each sequence's step time is added to its
-    /// statistics. A failed round rolls every sequence back to the tokens it kept.
+    /// statistics. A failed round rolls every sequence back to the tokens it kept; so does the
+    /// next step after a round that unwound (a panic the caller caught).
     ///
     /// # Errors
-    /// [`Error::NotReady`] after a roll-back failed; model failures.
+    /// [`Error::NotReady`] while a roll-back fails; model failures.
     pub fn step(&mut self) -> Result<()> {
         if !self.ready {
-            return Err(Error::NotReady("a failed round could not roll the models back"));
+            self.ready = self.members.iter_mut().all(|m| m.seq.resync());
+            if !self.ready {
+                return Err(Error::NotReady("a failed round could not roll the models back"));
+            }
         }
+        // False until the round returns: a round that unwinds leaves it so.
+        self.ready = false;
         let running: Vec<bool> = self.members.iter().map(|m| m.seq.finish().is_none()).collect();
         let start = self.clock.seconds();
         let result = self.round();
@@ -58,9 +64,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         for (m, _) in self.members.iter_mut().zip(running).filter(|(_, r)| *r) {
             m.seq.stats.decode_secs += secs;
         }
-        if result.is_err() {
-            self.ready = self.members.iter_mut().all(|m| m.seq.resync());
-        }
+        self.ready = result.is_ok() || self.members.iter_mut().all(|m| m.seq.resync());
         result
     }
 

@@ -125,8 +125,7 @@ impl<T: TargetModel, D: DraftModel> DecoderBuilder<T, D> {
         let member = Member::new(SeqId(0), self.target, self.draft, start);
         member.seq.check()?;
         driver.members.push(member);
-        driver.ready = false;
-        Ok(SpeculativeDecoder { driver })
+        Ok(SpeculativeDecoder { driver, started: false })
     }
 }
 
@@ -150,6 +149,8 @@ pub struct SpeculativeDecoder<T, D> {
     /// A batch of one: its member persists from one generation to the next (models, random
     /// number generator, estimates).
     driver: Driver<T, D>,
+    /// Whether a generation was started (and its prompt fed).
+    started: bool,
 }
 
 impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
@@ -214,23 +215,23 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
     /// # Errors
     /// Bad prompts and model failures.
     pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
-        self.driver.ready = false;
+        self.started = false;
         // A draft the policy has given up on is not fed the prompt: it is not expected to
         // draft again, and if it does, its first round catches up on the whole context.
         let plain = self.driver.policy == KPolicy::Plain;
         let m = self.member_mut();
         let prefill_draft = !m.ctl.prober.stopped() && !plain;
         m.seq.start(prompt, prefill_draft)?;
-        self.driver.ready = true;
+        (self.started, self.driver.ready) = (true, true);
         Ok(())
     }
 
     /// Runs one round and returns the tokens it added (empty once the generation is finished).
     ///
     /// # Errors
-    /// [`Error::NotReady`] before `start` or after a failed roll-back; model failures.
+    /// [`Error::NotReady`] before `start` or while a roll-back fails; model failures.
     pub fn step(&mut self) -> Result<&[u32]> {
-        if !self.driver.ready {
+        if !self.started {
             return Err(Error::NotReady("no generation in progress"));
         }
         let before = self.member().seq.ctx().len();
