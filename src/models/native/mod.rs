@@ -15,3 +15,6 @@ pub mod quant;
 mod requant;
 
 pub(crate) use llama::{NativeCache, NativeWeights};
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub use pool::panic_after_chunks;
