@@ -13,6 +13,7 @@ pub(crate) mod pool;
 #[doc(hidden)]
 pub mod quant;
 mod requant;
+mod sizes;
 
 pub(crate) use llama::{NativeCache, NativeWeights};
 #[cfg(feature = "fault-injection")]

@@ -31,6 +31,7 @@ use half::f16;
 use crate::error::{Error, Result};
 use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
+use crate::models::native::sizes::{product, round_up};
 use decode::{decode_row, RowScales};
 
 #[cfg(target_arch = "x86_64")]
@@ -302,7 +303,8 @@ impl QMatrix {
             GgmlDType::Q5_0 => Scales::Block { implied: Some(-16.0) },
             _ => Scales::Block { implied: None },
         };
-        let padded = cols.div_ceil(CHUNK) * CHUNK;
+        const WHAT: &str = "quantized matrix";
+        let padded = round_up(WHAT, cols, CHUNK)?;
         let mut out = Self {
             rows,
             cols,
@@ -315,14 +317,15 @@ impl QMatrix {
             m: Vec::new(),
             sub: Vec::new(),
         };
-        let row_bytes = cols / block * dtype.type_size();
+        let row_bytes = product(WHAT, &[cols / block, dtype.type_size()])?;
+        // Per row, each part is at most `padded` long: only the totals can overflow.
         let (d, m, sub) = out.per_row();
         let (qs, hi) = (bits.row_bytes(padded), out.hi_row_bytes());
-        out.qs = vec![0; rows * qs];
-        out.hi = vec![0; rows * hi];
-        out.d = vec![0; rows * d];
-        out.m = vec![0; rows * m];
-        out.sub = vec![0; rows * sub];
+        out.qs = vec![0; product(WHAT, &[rows, qs])?];
+        out.hi = vec![0; product(WHAT, &[rows, hi])?];
+        out.d = vec![0; product(WHAT, &[rows, d])?];
+        out.m = vec![0; product(WHAT, &[rows, m])?];
+        out.sub = vec![0; product(WHAT, &[rows, sub])?];
         // Rows are independent: each thread repacks a contiguous share into its own slices.
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
         let share = rows.div_ceil(threads).max(1);
@@ -680,9 +683,17 @@ pub struct QActs {
 impl QActs {
     /// Quantizes `m` rows of `x` (each `k` long) for products with matrices of `k` columns.
     ///
-    /// Panics if `x` holds fewer than `m·k` values.
-    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
-        let padded = k.div_ceil(CHUNK) * CHUNK;
+    /// # Errors
+    /// [`Error::TooLarge`] when the rows' size overflows `usize`; [`Error::InvalidSetting`]
+    /// when `x` holds fewer than `m·k` values.
+    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) -> Result<()> {
+        const WHAT: &str = "activations";
+        let padded = round_up(WHAT, k, CHUNK)?;
+        // Every buffer below holds at most `m·padded` values.
+        product(WHAT, &[m, padded])?;
+        if x.len() < m * k {
+            return Err(Error::setting(WHAT, format!("{} values for {m}x{k}", x.len()), "at least rows × cols values"));
+        }
         let (nb, chunks) = (padded / 32, padded / CHUNK);
         let groups_per_row = group_count(chunks);
         self.rows = m;
@@ -739,6 +750,7 @@ impl QActs {
                 scatter(&natural[at], to, n);
             }
         }
+        Ok(())
     }
 
     /// Where value `i` of row `r` is stored in `xq` (see the layout above).
@@ -886,7 +898,7 @@ mod tests {
         }
         x[k + 40] = f32::NAN;
         let mut a = QActs::default();
-        a.quantize(&x, m, k);
+        a.quantize(&x, m, k).expect("quantize");
         for r in 0..m {
             for i in 0..k {
                 let v = x[r * k + i];
@@ -894,6 +906,22 @@ mod tests {
                 assert_eq!(a.xq[a.at(r, i)], want, "row {r} value {i}: {v}");
             }
         }
+    }
+
+    /// Sizes that overflow `usize` are an error where the buffers would be made.
+    #[test]
+    fn overflowing_sizes_are_an_error() {
+        let mut a = QActs::default();
+        assert!(matches!(a.quantize(&[], 1 << 63, 32), Err(Error::TooLarge { .. })));
+        assert!(matches!(a.quantize(&[], 1, usize::MAX - 1), Err(Error::TooLarge { .. })));
+        assert!(matches!(a.quantize(&[0.5; 63], 2, 32), Err(Error::InvalidSetting { .. })));
+        // Still usable after a refusal.
+        a.quantize(&[0.5; 64], 2, 32).expect("quantize");
+        assert_eq!(a.xq[a.at(1, 31)], 127);
+        // No rows (so no bytes) and a row's padded size past `usize`.
+        let cols = usize::MAX / 32 * 32;
+        assert!(matches!(QMatrix::from_ggml(GgmlDType::Q8_0, &[], 0, cols), Err(Error::TooLarge { .. })));
+        assert!(QMatrix::from_ggml(GgmlDType::Q8_0, &[0; 34], 1 << 62, 32).is_err());
     }
 
     #[test]
