@@ -66,6 +66,9 @@ fn group_count(chunks: usize) -> usize {
     chunks / GROUP + [0, 1, 1, 2][chunks % GROUP]
 }
 
+/// Rows per chunk of [`QMatrix::from_ggml`]'s repacking job.
+const REPACK_ROWS: usize = 64;
+
 /// Blocks of activations per item of [`QActs::quantize`]'s job (a one-token pass quantizes
 /// rows of 1,536 values, 48 blocks, on the calling thread alone).
 const QUANTIZE_GRAIN: usize = 64;
@@ -326,21 +329,28 @@ impl QMatrix {
         out.d = vec![0; product(WHAT, &[rows, d])?];
         out.m = vec![0; product(WHAT, &[rows, m])?];
         out.sub = vec![0; product(WHAT, &[rows, sub])?];
-        // Rows are independent: each thread repacks a contiguous share into its own slices.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
-        let share = rows.div_ceil(threads).max(1);
-        let parts = bytes
-            .chunks(share * row_bytes)
-            .zip(out.qs.chunks_mut(share * qs))
-            .zip(out.hi.chunks_mut((share * hi).max(1)).chain(std::iter::repeat_with(|| &mut [][..])))
-            .zip(out.d.chunks_mut(share * d))
-            .zip(out.m.chunks_mut((share * m).max(1)).chain(std::iter::repeat_with(|| &mut [][..])))
-            .zip(out.sub.chunks_mut((share * sub).max(1)).chain(std::iter::repeat_with(|| &mut [][..])));
+        // Rows are independent: runs of rows over the thread team, each into its own slices.
+        let parts = (
+            OutPtr::new(&mut out.qs),
+            OutPtr::new(&mut out.hi),
+            OutPtr::new(&mut out.d),
+            OutPtr::new(&mut out.m),
+            OutPtr::new(&mut out.sub),
+        );
         let layout = (bits, padded, row_bytes);
-        std::thread::scope(|scope| {
-            for (((((src, qs), hi), d), m), sub) in parts {
-                scope.spawn(move || repack_rows(dtype, layout, src, RowsOut { qs, hi, d, m, sub }));
-            }
+        team().run(rows, REPACK_ROWS, &|r| {
+            let (start, n) = (r.start, r.len());
+            // SAFETY: each run of rows owns its own rows of the five parts.
+            let out = unsafe {
+                RowsOut {
+                    qs: parts.0.slice(start * qs, n * qs),
+                    hi: parts.1.slice(start * hi, n * hi),
+                    d: parts.2.slice(start * d, n * d),
+                    m: parts.3.slice(start * m, n * m),
+                    sub: parts.4.slice(start * sub, n * sub),
+                }
+            };
+            repack_rows(dtype, layout, &bytes[start * row_bytes..r.end * row_bytes], out);
         });
         Ok(out)
     }
@@ -905,6 +915,26 @@ mod tests {
                 let want = if v.is_nan() { 0 } else { v.round_ties_even() as i8 };
                 assert_eq!(a.xq[a.at(r, i)], want, "row {r} value {i}: {v}");
             }
+        }
+    }
+
+    /// Repacked in runs of rows over the thread team (more rows than a run, the last run cut
+    /// short), a matrix holds the bytes of its rows repacked one at a time.
+    #[test]
+    fn runs_of_rows_repack_like_single_rows() {
+        for dtype in TYPES {
+            let (rows, cols) = (2 * REPACK_ROWS + 37, if k_quant(dtype) { 512 } else { 576 });
+            let w = Tensor::from_vec(data(rows * cols, 3), (rows, cols), &Device::Cpu).expect("tensor");
+            let bytes = QTensor::quantize(&w, dtype).expect("quantize").data().expect("bytes").to_vec();
+            let whole = QMatrix::from_ggml(dtype, &bytes, rows, cols).expect("repack");
+            let row_bytes = bytes.len() / rows;
+            let single: Vec<QMatrix> = bytes
+                .chunks_exact(row_bytes)
+                .map(|row| QMatrix::from_ggml(dtype, row, 1, cols).expect("one row"))
+                .collect();
+            let Some(single) = QMatrix::stack(single) else { panic!("{dtype:?}: rows do not stack") };
+            let parts = |m: &QMatrix| (m.qs.clone(), m.hi.clone(), m.d.clone(), m.m.clone(), m.sub.clone());
+            assert!(parts(&whole) == parts(&single), "{dtype:?}: the runs' bytes differ");
         }
     }
 
