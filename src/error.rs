@@ -31,6 +31,11 @@ pub enum Error {
     #[error("context of {len} tokens exceeds the model's maximum of {max}")]
     ContextTooLong { len: usize, max: usize },
 
+    /// A matrix or buffer whose dimensions (from a model file or a caller) make a size that
+    /// overflows `usize`.
+    #[error("{what} of dimensions {dims:?} is too large: its size overflows usize")]
+    TooLarge { what: &'static str, dims: Vec<usize> },
+
     /// A logits row holds NaN or infinity where a finite value is needed.
     #[error("logits row holds a non-finite value ({value}) at token {index}")]
     NonFiniteLogits { index: usize, value: f32 },

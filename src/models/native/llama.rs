@@ -20,6 +20,7 @@ use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
 use crate::models::native::quant::{qmatmul_parallel, QActs, QMatrix};
 use crate::models::native::requant::requantize;
+use crate::models::native::sizes::product;
 use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
 use crate::tree::TreeShape;
 use candle_core::quantized::QTensor;
@@ -53,7 +54,7 @@ impl Matrix {
                 Some(q) if q == t.dtype() => Self::Quant(QMatrix::from_ggml(q, &t.data()?, rows, cols)?),
                 Some(q) => Self::Quant(QMatrix::from_ggml(q, &requantize(&t, q, rows, cols)?, rows, cols)?),
                 None => {
-                    Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols))
+                    Self::F32(Packed::pack(&t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?, rows, cols)?)
                 }
             });
         }
@@ -88,15 +89,19 @@ impl Matrix {
     }
 
     /// A matrix of the rows `ids`, in that order: the same blocks for a quantized matrix, the
-    /// same values otherwise. `None` if an id is out of range.
-    fn select_rows(&self, ids: &[usize]) -> Option<Matrix> {
+    /// same values otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] if an id is out of range.
+    fn select_rows(&self, ids: &[usize]) -> Result<Matrix> {
+        let out_of_range = || Error::setting("output rows", ids.len(), "ids in the vocabulary");
         match self {
-            Self::Quant(q) => q.select_rows(ids).map(Self::Quant),
-            _ if ids.iter().any(|&r| r >= self.rows()) => None,
+            Self::Quant(q) => q.select_rows(ids).map(Self::Quant).ok_or_else(out_of_range),
+            _ if ids.iter().any(|&r| r >= self.rows()) => Err(out_of_range()),
             _ => {
                 let (mut values, cols) = (Vec::new(), self.cols());
                 ids.iter().for_each(|&r| self.row_into(r, &mut values));
-                Some(Self::F32(Packed::pack(&values, ids.len(), cols)))
+                Ok(Self::F32(Packed::pack(&values, ids.len(), cols)?))
             }
         }
     }
@@ -132,12 +137,16 @@ impl Matrix {
 
     /// `out = x · selfᵀ` for `m` rows of `x`; `out` is resized to m × rows. `acts` is scratch
     /// for quantized activations.
-    pub fn apply(&self, x: &[f32], m: usize, out: &mut Vec<f32>, acts: &mut QActs) {
-        out.resize(m * self.rows(), 0.0);
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] for sizes that overflow; [`Error::InvalidSetting`] for an `x` of
+    /// fewer than `m` rows.
+    pub fn apply(&self, x: &[f32], m: usize, out: &mut Vec<f32>, acts: &mut QActs) -> Result<()> {
+        out.resize(product("product output", &[m, self.rows()])?, 0.0);
         match self {
             Self::F32(p) => matmul_parallel(x, m, p, out, GRAIN),
             Self::Quant(q) => {
-                acts.quantize(x, m, q.cols());
+                acts.quantize(x, m, q.cols())?;
                 qmatmul_parallel(acts, q, out, GRAIN);
             }
             Self::Parts(parts) => {
@@ -145,7 +154,7 @@ impl Matrix {
                 // a Q4_K_M file's q|k and v parts quantized it twice a layer.
                 let shared = parts.iter().all(|p| matches!(p, Self::Quant(_)));
                 if shared {
-                    acts.quantize(x, m, self.cols());
+                    acts.quantize(x, m, self.cols())?;
                 }
                 let (rows, mut first, mut part_out) = (self.rows(), 0, Vec::new());
                 for part in parts {
@@ -154,7 +163,7 @@ impl Matrix {
                             part_out.resize(m * q.rows(), 0.0);
                             qmatmul_parallel(acts, q, &mut part_out, GRAIN);
                         }
-                        _ => part.apply(x, m, &mut part_out, acts),
+                        _ => part.apply(x, m, &mut part_out, acts)?,
                     }
                     let n = part.rows();
                     for (dst, src) in out.chunks_exact_mut(rows).zip(part_out.chunks_exact(n)) {
@@ -164,6 +173,7 @@ impl Matrix {
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -343,8 +353,7 @@ impl Backend for NativeWeights {
             None => None,
             Some(ids) => {
                 let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
-                let matrix = self.head().select_rows(&rows);
-                let matrix = matrix.ok_or_else(|| Error::setting("output rows", ids.len(), "ids in the vocabulary"))?;
+                let matrix = self.head().select_rows(&rows)?;
                 Some(Arc::new(OutputRows { matrix, ids: ids.to_vec() }))
             }
         };
@@ -499,15 +508,15 @@ impl NativeWeights {
         for (slot, &l) in layers.iter().enumerate() {
             tap_residual(taps, slot, &s.x, &mut hidden);
             let b = &self.blocks[l];
-            self.attention_block(c, b, slot, parts, &owner, &rotations[usize::from(b.sliding)], s);
-            self.feed_forward_block(c, b, owner.len(), s);
+            self.attention_block(c, b, slot, parts, &owner, &rotations[usize::from(b.sliding)], s)?;
+            self.feed_forward_block(c, b, owner.len(), s)?;
         }
         tap_residual(taps, layers.len(), &s.x, &mut hidden);
         if let Some(k) = taps.iter().position(|&t| t == Tap::Final) {
             hidden[k].resize(owner.len() * c.hidden_size, 0.0);
             attention::rms_norm(&s.x, &self.norm, c.rms_norm_eps as f32, &mut hidden[k]);
         }
-        Ok((self.logits(c, parts, output, s), hidden))
+        Ok((self.logits(c, parts, output, s)?, hidden))
     }
 
     /// Per kind of layer (global, then sliding-window where the model has a window): each
@@ -541,13 +550,13 @@ impl NativeWeights {
         owner: &[(usize, usize)],
         rot: &Rotation,
         s: &mut Scratch,
-    ) {
+    ) -> Result<()> {
         let (n, h, hd) = (owner.len(), c.hidden_size, c.head_dim);
         let (q_out, kv_out) = (c.num_heads * hd, c.num_kv_heads * hd);
         let eps = c.rms_norm_eps as f32;
         s.xb.resize(n * h, 0.0);
         attention::rms_norm(&s.x, &b.attn_norm, eps, &mut s.xb);
-        b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts);
+        b.qkv.apply(&s.xb, n, &mut s.qkv, &mut s.acts)?;
         if let Some(bias) = &b.qkv_bias {
             s.qkv.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
         }
@@ -586,24 +595,32 @@ impl NativeWeights {
             .collect();
         let shape = Shape { heads: c.num_heads, kv_heads: c.num_kv_heads, head_dim: hd };
         attend(shape, &s.q, &views, owner, &rot.first, &mut s.att);
-        b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts);
+        b.o.apply(&s.att, n, &mut s.tmp, &mut s.acts)?;
         add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[0][..]), eps, &mut s.xb);
+        Ok(())
     }
 
     /// `x += down(act(gate(norm(x))) · up(norm(x)))` for block `b`, over `n` rows.
-    fn feed_forward_block(&self, c: &LlamaConfig, b: &Block, n: usize, s: &mut Scratch) {
+    fn feed_forward_block(&self, c: &LlamaConfig, b: &Block, n: usize, s: &mut Scratch) -> Result<()> {
         let (ff, eps) = (c.intermediate_size, c.rms_norm_eps as f32);
         attention::rms_norm(&s.x, &b.ffn_norm, eps, &mut s.xb);
-        b.gate_up.apply(&s.xb, n, &mut s.gu, &mut s.acts);
+        b.gate_up.apply(&s.xb, n, &mut s.gu, &mut s.acts)?;
         let gate = if c.family.gemma() { attention::gelu_tanh_gate } else { attention::silu_gate };
         gated(gate, &s.gu, n, ff, &mut s.ff);
-        b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts);
+        b.down.apply(&s.ff, n, &mut s.tmp, &mut s.acts)?;
         add_residual(&mut s.x, &s.tmp, b.post_norms.as_ref().map(|p| &p[1][..]), eps, &mut s.xb);
+        Ok(())
     }
 
     /// The logits of each part's last `rows` rows of the final residual stream `s.x`, in one
     /// product with the output head (or with the rows `output` keeps, the rest −∞).
-    fn logits(&self, c: &LlamaConfig, parts: &[Part], output: Option<&OutputRows>, s: &mut Scratch) -> Vec<Vec<f32>> {
+    fn logits(
+        &self,
+        c: &LlamaConfig,
+        parts: &[Part],
+        output: Option<&OutputRows>,
+        s: &mut Scratch,
+    ) -> Result<Vec<Vec<f32>>> {
         let (h, eps) = (c.hidden_size, c.rms_norm_eps as f32);
         s.tmp.clear();
         let mut end = 0;
@@ -613,27 +630,27 @@ impl NativeWeights {
         }
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         if rows == 0 {
-            return vec![Vec::new(); parts.len()];
+            return Ok(vec![Vec::new(); parts.len()]);
         }
         s.xb.resize(rows * h, 0.0);
         attention::rms_norm(&s.tmp, &self.norm, eps, &mut s.xb[..rows * h]);
         let mut all = Vec::new();
         match output {
-            None => self.head().apply(&s.xb[..rows * h], rows, &mut all, &mut s.acts),
+            None => self.head().apply(&s.xb[..rows * h], rows, &mut all, &mut s.acts)?,
             Some(o) => {
-                o.matrix.apply(&s.xb[..rows * h], rows, &mut s.tmp, &mut s.acts);
+                o.matrix.apply(&s.xb[..rows * h], rows, &mut s.tmp, &mut s.acts)?;
                 all = o.widen(&s.tmp, c.vocab_size);
             }
         }
         let mut rest = &all[..];
-        parts
+        Ok(parts
             .iter()
             .map(|p| {
                 let (mine, after) = rest.split_at(p.rows * c.vocab_size);
                 rest = after;
                 mine.to_vec()
             })
-            .collect()
+            .collect())
     }
 }
 

@@ -12,6 +12,8 @@ use std::ops::Range;
 
 pub use super::out_ptr::OutPtr;
 use super::pool::team;
+use super::sizes::{product, round_up};
+use crate::error::{Error, Result};
 
 /// Activation rows processed together against one tile of weight rows. Four keep the 16
 /// accumulators in registers; six (24 accumulators) made LLVM spill them to the stack, which
@@ -37,15 +39,24 @@ pub struct Packed {
 
 impl Packed {
     /// Packs `w`, row-major (rows, cols).
-    pub fn pack(w: &[f32], rows: usize, cols: usize) -> Self {
-        let stride = cols.div_ceil(LANES) * LANES;
-        let mut data = vec![0f32; rows * stride];
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] when the packed size overflows `usize`; [`Error::InvalidSetting`]
+    /// when `w` does not hold rows × cols values.
+    pub fn pack(w: &[f32], rows: usize, cols: usize) -> Result<Self> {
+        const WHAT: &str = "f32 matrix";
+        let stride = round_up(WHAT, cols, LANES)?;
+        let len = product(WHAT, &[rows, stride])?;
+        if product(WHAT, &[rows, cols])? != w.len() {
+            return Err(Error::setting(WHAT, format!("{} values for {rows}x{cols}", w.len()), "rows × cols values"));
+        }
+        let mut data = vec![0f32; len];
         for r in 0..rows {
             for c in 0..cols {
                 data[Self::index(rows, stride, r, c)] = w[r * cols + c];
             }
         }
-        Self { data, rows, cols, stride }
+        Ok(Self { data, rows, cols, stride })
     }
 
     fn index(rows: usize, stride: usize, r: usize, c: usize) -> usize {
@@ -390,13 +401,24 @@ mod tests {
     fn packing_keeps_every_row() {
         for &(n, k) in &[(1, 1), (5, 17), (8, 32), (11, 100)] {
             let w = data(n * k, 4);
-            let p = Packed::pack(&w, n, k);
+            let p = Packed::pack(&w, n, k).expect("pack");
             for r in 0..n {
                 let mut row = Vec::new();
                 p.row_into(r, &mut row);
                 assert_eq!(row, &w[r * k..(r + 1) * k]);
             }
         }
+    }
+
+    #[test]
+    fn packing_overflowing_or_mismatched_sizes_is_an_error() {
+        // 2^62 rows of 16 values: the packed length overflows, though the rows alone do not.
+        assert!(matches!(Packed::pack(&[], 1 << 62, 16), Err(Error::TooLarge { .. })));
+        // Columns that overflow when rounded up to the 16-value slices.
+        assert!(matches!(Packed::pack(&[], 0, usize::MAX - 1), Err(Error::TooLarge { .. })));
+        assert!(matches!(Packed::pack(&[], usize::MAX, usize::MAX), Err(Error::TooLarge { .. })));
+        // Fewer values than rows × cols: refused before packing reads past them.
+        assert!(matches!(Packed::pack(&[1.0; 5], 2, 3), Err(Error::InvalidSetting { .. })));
     }
 
     #[test]
@@ -414,7 +436,7 @@ mod tests {
                 (6, 48, 21),
             ] {
                 let (x, w) = (data(m * k, 1), data(n * k, 2));
-                let packed = Packed::pack(&w, n, k);
+                let packed = Packed::pack(&w, n, k).expect("pack");
                 let want = naive(&x, m, &w, k, n);
                 let mut got = vec![f32::NAN; m * n];
                 // Two column ranges, as two threads would split them (at a tile boundary).

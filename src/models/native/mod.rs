@@ -9,5 +9,9 @@ pub mod out_ptr;
 pub(crate) mod pool;
 pub mod quant;
 mod requant;
+mod sizes;
 
 pub(crate) use llama::{NativeCache, NativeWeights};
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub use pool::panic_after_chunks;

@@ -5,9 +5,14 @@
 //!
 //! Claiming (rather than a fixed split) keeps the team fast on a busy machine: when a worker is
 //! descheduled, the caller takes its chunks instead of waiting for it.
+//!
+//! A panic inside a job never takes the process down: the chunks not yet claimed are skipped,
+//! and once every worker has left the job the first panic resumes on the calling thread.
 
+use std::any::Any;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::Duration;
@@ -40,21 +45,40 @@ struct Shared {
     done: AtomicUsize,
     /// Workers inside the open job.
     active: AtomicUsize,
-    stop: std::sync::atomic::AtomicBool,
+    stop: AtomicBool,
+    /// Set when a chunk of the open job panicked; `payload` holds the first panic's payload.
+    panicked: AtomicBool,
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 impl Shared {
-    /// Claims and runs chunks until none are left.
+    /// Claims and runs chunks until none are left. A panic in a chunk is caught here, once per
+    /// job and thread (not per chunk), and recorded for `Team::run` to resume.
     fn work(&self, job: &(dyn Fn(Range<usize>) + Sync + '_)) {
         let (items, grain) = (self.items.load(SeqCst), self.grain.load(SeqCst));
         let chunks = items.div_ceil(grain);
-        loop {
+        let claim = || loop {
             let c = self.next.fetch_add(1, SeqCst);
             if c >= chunks {
                 return;
             }
+            #[cfg(feature = "fault-injection")]
+            injected_fault();
             job(c * grain..((c + 1) * grain).min(items));
             self.done.fetch_add(1, SeqCst);
+        };
+        if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(claim)) {
+            // No chunk is claimed after this (claims past `chunks` return at once), so the
+            // other threads leave the job after the chunk they are in.
+            self.next.fetch_max(chunks, SeqCst);
+            let mut first = self.payload.lock().unwrap_or_else(|e| e.into_inner());
+            match *first {
+                None => *first = Some(payload),
+                // A later panic's payload is dropped; its drop may panic in turn, which must not
+                // unwind out of a worker.
+                Some(_) => drop(panic::catch_unwind(AssertUnwindSafe(move || drop(payload)))),
+            }
+            self.panicked.store(true, SeqCst);
         }
     }
 }
@@ -80,7 +104,9 @@ impl Team {
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
-            stop: std::sync::atomic::AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
         });
         let workers: Vec<_> = (1..threads.max(1))
             .filter_map(|id| {
@@ -93,15 +119,21 @@ impl Team {
     }
 
     /// Runs `job` over `0..items`, cut into chunks of `grain` items that the team's threads
-    /// claim, and returns when every chunk is done. A panic inside the job aborts the process
-    /// (other threads may hold parts of it); jobs here are arithmetic on slices checked before.
+    /// claim, and returns when every chunk is done.
+    ///
+    /// # Panics
+    /// If a chunk panics (on any thread of the team), the chunks not yet claimed are skipped,
+    /// and once every thread has left the job the first panic resumes on the calling thread
+    /// (`std::panic::resume_unwind`). The team stays usable for the next job.
     pub fn run(&self, items: usize, grain: usize, job: &(dyn Fn(Range<usize>) + Sync)) {
         let grain = grain.max(1);
         if self.threads == 1 || items <= grain {
+            #[cfg(feature = "fault-injection")]
+            injected_fault();
             job(0..items);
             return;
         }
-        let _turn = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let turn = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         // SAFETY: (lifetime erasure) the job is closed and every worker has left it before this
         // function returns, so the pointer never outlives `job`.
@@ -111,20 +143,25 @@ impl Team {
         s.grain.store(grain, SeqCst);
         s.next.store(0, SeqCst);
         s.done.store(0, SeqCst);
+        s.panicked.store(false, SeqCst);
         let epoch = s.epoch.load(SeqCst) + 1;
         s.open.store(epoch, SeqCst);
         s.epoch.store(epoch, SeqCst);
         for (t, _) in &self.workers {
             t.unpark();
         }
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.work(job))).is_err() {
-            eprintln!("specdec: a parallel job panicked; aborting");
-            std::process::abort();
-        }
+        s.work(job);
+        // A panicked chunk is never done: the flag ends the wait instead.
         let chunks = items.div_ceil(grain);
-        wait_until(|| s.done.load(SeqCst) == chunks, false);
+        wait_until(|| s.done.load(SeqCst) == chunks || s.panicked.load(SeqCst), false);
         s.open.store(CLOSED, SeqCst);
         wait_until(|| s.active.load(SeqCst) == 0, false);
+        if s.panicked.load(SeqCst) {
+            let payload = s.payload.lock().unwrap_or_else(|e| e.into_inner()).take();
+            // Released first, so that the unwinding does not poison the turn.
+            drop(turn);
+            panic::resume_unwind(payload.unwrap_or_else(|| Box::new("a team job panicked")));
+        }
     }
 }
 
@@ -144,10 +181,7 @@ fn worker(s: &Shared) {
             if let Some(JobPtr(ptr)) = ptr {
                 // SAFETY: the job is open, so `run` has not returned (see `Team::run`).
                 let job: &Job = unsafe { &*ptr };
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.work(job))).is_err() {
-                    eprintln!("specdec: a parallel job panicked; aborting");
-                    std::process::abort();
-                }
+                s.work(job);
             }
         }
         s.active.fetch_sub(1, SeqCst);
@@ -181,6 +215,29 @@ impl Drop for Team {
     }
 }
 
+/// Armed by [`panic_after_chunks`]: 0 when disarmed, else one more than the chunks to run
+/// before the one that panics.
+#[cfg(feature = "fault-injection")]
+static FAULT: AtomicUsize = AtomicUsize::new(0);
+
+/// Test-only (feature `fault-injection`): after `Some(n)`, the team's next `n` chunks (a job
+/// run on the calling thread alone counts as one) run as usual and the one after them panics,
+/// on whichever thread claims it, once; `None` disarms. Lets tests show that a panic in a
+/// forward pass reaches the caller and leaves the engine usable.
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub fn panic_after_chunks(n: Option<usize>) {
+    FAULT.store(n.map_or(0, |n| n.saturating_add(1)), SeqCst);
+}
+
+/// Panics in the chunk [`panic_after_chunks`] chose.
+#[cfg(feature = "fault-injection")]
+fn injected_fault() {
+    if FAULT.load(SeqCst) > 0 && FAULT.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)) == Ok(1) {
+        panic!("specdec: injected fault in a team job");
+    }
+}
+
 /// The process-wide team: `SPECDEC_THREADS` threads, or one per available core.
 pub fn team() -> &'static Team {
     static TEAM: OnceLock<Team> = OnceLock::new();
@@ -211,6 +268,136 @@ mod tests {
                 assert!(seen.iter().all(|s| s.load(SeqCst) == 50), "threads {threads}, items {items}");
             }
         }
+    }
+
+    /// Keeps the default panic hook from printing the panics these tests make on purpose.
+    fn quiet() {
+        static QUIET: std::sync::Once = std::sync::Once::new();
+        QUIET.call_once(|| {
+            let hook = panic::take_hook();
+            panic::set_hook(Box::new(move |info| {
+                if info.payload().downcast_ref::<&str>() != Some(&"item 37") {
+                    hook(info);
+                }
+            }));
+        });
+    }
+
+    /// Runs a job over `items` that panics in the chunk holding item 37, and returns its
+    /// message as the caller caught it.
+    fn panicking_job(team: &Team, items: usize, grain: usize, ran: &[AtomicU64]) -> String {
+        let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+            team.run(items, grain, &|range| {
+                if range.contains(&37) {
+                    panic!("item 37");
+                }
+                for i in range {
+                    ran[i].fetch_add(1, SeqCst);
+                }
+            })
+        }));
+        let payload = caught.expect_err("the panic reaches the caller");
+        payload.downcast_ref::<&str>().map_or_else(|| "?".into(), |m| m.to_string())
+    }
+
+    /// A panic in one chunk, on the caller or on a worker (whichever claims it), reaches the
+    /// caller with its payload once every worker has left; no chunk runs twice; and the team
+    /// then runs a correct job over every item exactly once.
+    #[test]
+    fn a_panic_in_a_chunk_reaches_the_caller_and_the_team_goes_on() {
+        quiet();
+        for threads in [1, 2, 3] {
+            let team = Team::new(threads);
+            for (items, grain) in [(1000, 7), (100, 1), (64, 64), (38, 1)] {
+                for _ in 0..20 {
+                    let ran: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
+                    assert_eq!(panicking_job(&team, items, grain, &ran), "item 37", "threads {threads}");
+                    assert!(ran.iter().all(|r| r.load(SeqCst) <= 1), "threads {threads}: an item ran twice");
+                    team.run(items, grain, &|range| {
+                        for i in range {
+                            ran[i].fetch_add(10, SeqCst);
+                        }
+                    });
+                    assert!(
+                        ran.iter().all(|r| (10..=11).contains(&r.load(SeqCst))),
+                        "threads {threads}, items {items}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Made to panic on the calling thread (workers wait in their first chunk until it has),
+    /// or on a worker (the caller waits in its chunk until one has): either way the panic
+    /// reaches the caller, and the team goes on.
+    #[test]
+    fn a_panic_on_the_caller_or_on_a_worker_reaches_the_caller() {
+        quiet();
+        for threads in [2, 3] {
+            let team = Team::new(threads);
+            for on_caller in [true, false] {
+                for _ in 0..20 {
+                    let caller = thread::current().id();
+                    let thrown = AtomicBool::new(false);
+                    let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+                        team.run(100, 1, &|_| {
+                            if (thread::current().id() == caller) == on_caller {
+                                thrown.store(true, SeqCst);
+                                panic!("item 37");
+                            }
+                            wait_until(|| thrown.load(SeqCst), false);
+                        })
+                    }));
+                    assert!(caught.is_err(), "threads {threads}, on the caller: {on_caller}");
+                    let count = AtomicU64::new(0);
+                    team.run(100, 1, &|r| {
+                        count.fetch_add(r.len() as u64, SeqCst);
+                    });
+                    assert_eq!(count.load(SeqCst), 100);
+                }
+            }
+        }
+    }
+
+    /// Once a chunk has panicked, the chunks not yet claimed are skipped.
+    #[test]
+    fn chunks_after_a_panic_are_skipped() {
+        quiet();
+        let team = Team::new(2);
+        let ran = AtomicU64::new(0);
+        let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+            team.run(10_000, 1, &|range| {
+                if range.start == 0 {
+                    panic!("item 37");
+                }
+                thread::sleep(Duration::from_micros(100));
+                ran.fetch_add(1, SeqCst);
+            })
+        }));
+        assert!(caught.is_err());
+        // The other thread may finish the chunk it is in (or a few, before the panic is seen),
+        // never the rest: they would take a second.
+        assert!(ran.load(SeqCst) < 1_000, "{} chunks ran after the panic", ran.load(SeqCst));
+    }
+
+    /// A job run from a thread other than the main one carries its panic to that thread.
+    #[test]
+    fn a_panic_reaches_a_caller_on_another_thread() {
+        quiet();
+        let team = Arc::new(Team::new(3));
+        let caller = {
+            let team = Arc::clone(&team);
+            thread::spawn(move || {
+                let ran: Vec<AtomicU64> = (0..200).map(|_| AtomicU64::new(0)).collect();
+                panicking_job(&team, 200, 3, &ran)
+            })
+        };
+        assert_eq!(caller.join().expect("the caller thread itself does not panic"), "item 37");
+        let count = AtomicU64::new(0);
+        team.run(200, 3, &|r| {
+            count.fetch_add(r.len() as u64, SeqCst);
+        });
+        assert_eq!(count.load(SeqCst), 200);
     }
 
     #[test]

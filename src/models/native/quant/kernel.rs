@@ -121,7 +121,7 @@ mod candle_agreement {
                 .unwrap();
             let theirs = theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let mut acts = QActs::default();
-            acts.quantize(&x, m, k);
+            acts.quantize(&x, m, k).expect("quantize");
             let mut got = vec![0f32; m * n];
             qmatmul_parallel(&acts, &ours, &mut got, 64);
             let scale = theirs.iter().fold(0f32, |s, v| s.max(v.abs()));
@@ -219,7 +219,7 @@ mod tests {
                         })
                         .collect();
                     let mut acts = QActs::default();
-                    acts.quantize(&x, m, k);
+                    acts.quantize(&x, m, k).expect("quantize");
                     for (name, kernel) in &kernels {
                         let got = run(*kernel, &acts, &w);
                         // Activations are quantized to 8 bits: allow 1 % of the row's scale.
@@ -254,13 +254,13 @@ mod tests {
                 let alone: Vec<Vec<f32>> = (0..16)
                     .map(|r| {
                         let mut acts = QActs::default();
-                        acts.quantize(&x[r * k..(r + 1) * k], 1, k);
+                        acts.quantize(&x[r * k..(r + 1) * k], 1, k).expect("quantize");
                         run(*kernel, &acts, &w)
                     })
                     .collect();
                 for m in 1..=16 {
                     let mut acts = QActs::default();
-                    acts.quantize(&x[..m * k], m, k);
+                    acts.quantize(&x[..m * k], m, k).expect("quantize");
                     let together = run(*kernel, &acts, &w);
                     for (r, row) in together.chunks_exact(n).enumerate() {
                         let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -274,7 +274,7 @@ mod tests {
     /// Same quantized inputs: the integer parts are exact, so only f32 rounding may differ.
     fn agree_with_portable(w: &QMatrix, x: &[f32], m: usize, what: &str) {
         let mut acts = QActs::default();
-        acts.quantize(x, m, w.cols());
+        acts.quantize(x, m, w.cols()).expect("quantize");
         let want = run(variants()[0].1, &acts, w);
         for (name, kernel) in variants() {
             for (p, q) in want.iter().zip(run(kernel, &acts, w)) {

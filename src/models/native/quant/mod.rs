@@ -31,6 +31,7 @@ use half::f16;
 use crate::error::{Error, Result};
 use crate::models::native::out_ptr::OutPtr;
 use crate::models::native::pool::team;
+use crate::models::native::sizes::{product, round_up};
 use decode::{decode_row, RowScales};
 
 #[cfg(target_arch = "x86_64")]
@@ -65,6 +66,9 @@ fn groups(chunks: usize) -> impl Iterator<Item = (usize, usize)> {
 fn group_count(chunks: usize) -> usize {
     chunks / GROUP + [0, 1, 1, 2][chunks % GROUP]
 }
+
+/// Rows per chunk of [`QMatrix::from_ggml`]'s repacking job.
+const REPACK_ROWS: usize = 64;
 
 /// Blocks of activations per item of [`QActs::quantize`]'s job (a one-token pass quantizes
 /// rows of 1,536 values, 48 blocks, on the calling thread alone).
@@ -303,7 +307,8 @@ impl QMatrix {
             GgmlDType::Q5_0 => Scales::Block { implied: Some(-16.0) },
             _ => Scales::Block { implied: None },
         };
-        let padded = cols.div_ceil(CHUNK) * CHUNK;
+        const WHAT: &str = "quantized matrix";
+        let padded = round_up(WHAT, cols, CHUNK)?;
         let mut out = Self {
             rows,
             cols,
@@ -316,29 +321,37 @@ impl QMatrix {
             m: Vec::new(),
             sub: Vec::new(),
         };
-        let row_bytes = cols / block * dtype.type_size();
+        let row_bytes = product(WHAT, &[cols / block, dtype.type_size()])?;
+        // Per row, each part is at most `padded` long: only the totals can overflow.
         let (d, m, sub) = out.per_row();
         let (qs, hi) = (bits.row_bytes(padded), out.hi_row_bytes());
-        out.qs = vec![0; rows * qs];
-        out.hi = vec![0; rows * hi];
-        out.d = vec![0; rows * d];
-        out.m = vec![0; rows * m];
-        out.sub = vec![0; rows * sub];
-        // Rows are independent: each thread repacks a contiguous share into its own slices.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
-        let share = rows.div_ceil(threads).max(1);
-        let parts = bytes
-            .chunks(share * row_bytes)
-            .zip(out.qs.chunks_mut(share * qs))
-            .zip(out.hi.chunks_mut((share * hi).max(1)).chain(std::iter::repeat_with(|| &mut [][..])))
-            .zip(out.d.chunks_mut(share * d))
-            .zip(out.m.chunks_mut((share * m).max(1)).chain(std::iter::repeat_with(|| &mut [][..])))
-            .zip(out.sub.chunks_mut((share * sub).max(1)).chain(std::iter::repeat_with(|| &mut [][..])));
+        out.qs = vec![0; product(WHAT, &[rows, qs])?];
+        out.hi = vec![0; product(WHAT, &[rows, hi])?];
+        out.d = vec![0; product(WHAT, &[rows, d])?];
+        out.m = vec![0; product(WHAT, &[rows, m])?];
+        out.sub = vec![0; product(WHAT, &[rows, sub])?];
+        // Rows are independent: runs of rows over the thread team, each into its own slices.
+        let parts = (
+            OutPtr::new(&mut out.qs),
+            OutPtr::new(&mut out.hi),
+            OutPtr::new(&mut out.d),
+            OutPtr::new(&mut out.m),
+            OutPtr::new(&mut out.sub),
+        );
         let layout = (bits, padded, row_bytes);
-        std::thread::scope(|scope| {
-            for (((((src, qs), hi), d), m), sub) in parts {
-                scope.spawn(move || repack_rows(dtype, layout, src, RowsOut { qs, hi, d, m, sub }));
-            }
+        team().run(rows, REPACK_ROWS, &|r| {
+            let (start, n) = (r.start, r.len());
+            // SAFETY: each run of rows owns its own rows of the five parts.
+            let out = unsafe {
+                RowsOut {
+                    qs: parts.0.slice(start * qs, n * qs),
+                    hi: parts.1.slice(start * hi, n * hi),
+                    d: parts.2.slice(start * d, n * d),
+                    m: parts.3.slice(start * m, n * m),
+                    sub: parts.4.slice(start * sub, n * sub),
+                }
+            };
+            repack_rows(dtype, layout, &bytes[start * row_bytes..r.end * row_bytes], out);
         });
         Ok(out)
     }
@@ -678,9 +691,17 @@ pub struct QActs {
 impl QActs {
     /// Quantizes `m` rows of `x` (each `k` long) for products with matrices of `k` columns.
     ///
-    /// Panics if `x` holds fewer than `m·k` values.
-    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
-        let padded = k.div_ceil(CHUNK) * CHUNK;
+    /// # Errors
+    /// [`Error::TooLarge`] when the rows' size overflows `usize`; [`Error::InvalidSetting`]
+    /// when `x` holds fewer than `m·k` values.
+    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) -> Result<()> {
+        const WHAT: &str = "activations";
+        let padded = round_up(WHAT, k, CHUNK)?;
+        // Every buffer below holds at most `m·padded` values.
+        product(WHAT, &[m, padded])?;
+        if x.len() < m * k {
+            return Err(Error::setting(WHAT, format!("{} values for {m}x{k}", x.len()), "at least rows × cols values"));
+        }
         let (nb, chunks) = (padded / 32, padded / CHUNK);
         let groups_per_row = group_count(chunks);
         self.rows = m;
@@ -737,6 +758,7 @@ impl QActs {
                 scatter(&natural[at], to, n);
             }
         }
+        Ok(())
     }
 
     /// Where value `i` of row `r` is stored in `xq` (see the layout above).
@@ -884,7 +906,7 @@ mod tests {
         }
         x[k + 40] = f32::NAN;
         let mut a = QActs::default();
-        a.quantize(&x, m, k);
+        a.quantize(&x, m, k).expect("quantize");
         for r in 0..m {
             for i in 0..k {
                 let v = x[r * k + i];
@@ -892,6 +914,42 @@ mod tests {
                 assert_eq!(a.xq[a.at(r, i)], want, "row {r} value {i}: {v}");
             }
         }
+    }
+
+    /// Repacked in runs of rows over the thread team (more rows than a run, the last run cut
+    /// short), a matrix holds the bytes of its rows repacked one at a time.
+    #[test]
+    fn runs_of_rows_repack_like_single_rows() {
+        for dtype in TYPES {
+            let (rows, cols) = (2 * REPACK_ROWS + 37, if k_quant(dtype) { 512 } else { 576 });
+            let w = Tensor::from_vec(data(rows * cols, 3), (rows, cols), &Device::Cpu).expect("tensor");
+            let bytes = QTensor::quantize(&w, dtype).expect("quantize").data().expect("bytes").to_vec();
+            let whole = QMatrix::from_ggml(dtype, &bytes, rows, cols).expect("repack");
+            let row_bytes = bytes.len() / rows;
+            let single: Vec<QMatrix> = bytes
+                .chunks_exact(row_bytes)
+                .map(|row| QMatrix::from_ggml(dtype, row, 1, cols).expect("one row"))
+                .collect();
+            let Some(single) = QMatrix::stack(single) else { panic!("{dtype:?}: rows do not stack") };
+            let parts = |m: &QMatrix| (m.qs.clone(), m.hi.clone(), m.d.clone(), m.m.clone(), m.sub.clone());
+            assert!(parts(&whole) == parts(&single), "{dtype:?}: the runs' bytes differ");
+        }
+    }
+
+    /// Sizes that overflow `usize` are an error where the buffers would be made.
+    #[test]
+    fn overflowing_sizes_are_an_error() {
+        let mut a = QActs::default();
+        assert!(matches!(a.quantize(&[], 1 << 63, 32), Err(Error::TooLarge { .. })));
+        assert!(matches!(a.quantize(&[], 1, usize::MAX - 1), Err(Error::TooLarge { .. })));
+        assert!(matches!(a.quantize(&[0.5; 63], 2, 32), Err(Error::InvalidSetting { .. })));
+        // Still usable after a refusal.
+        a.quantize(&[0.5; 64], 2, 32).expect("quantize");
+        assert_eq!(a.xq[a.at(1, 31)], 127);
+        // No rows (so no bytes) and a row's padded size past `usize`.
+        let cols = usize::MAX / 32 * 32;
+        assert!(matches!(QMatrix::from_ggml(GgmlDType::Q8_0, &[], 0, cols), Err(Error::TooLarge { .. })));
+        assert!(QMatrix::from_ggml(GgmlDType::Q8_0, &[0; 34], 1 << 62, 32).is_err());
     }
 
     #[test]
