@@ -73,7 +73,7 @@
 //!   tokenizer as a cross-vocabulary drafter reads it).
 //! - [`decoder`]: [`SpeculativeDecoder`]; [`plain`]: [`PlainDecoder`], the baseline; [`stop`]:
 //!   [`StopRule`].
-//! - [`batch`]: [`BatchDecoder`], several sequences per target pass, and [`BatchPolicy`], the
+//! - [`batch`]: [`BatchDecoder`], several sequences per target pass, and [`KPolicy`], the
 //!   k of each that pays at the batch's size.
 //! - [`draft`]: [`NGramDraft`] (prompt lookup), [`LookupOr`] (lookup where it matches, a
 //!   model elsewhere) and [`CrossVocabDraft`] (a draft model with another tokenizer).

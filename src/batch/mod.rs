@@ -99,10 +99,11 @@ pub struct Finished<T, D> {
 ///
 /// # Example
 /// ```
-/// use specdec::batch::{BatchDecoder, BatchPolicy, Request};
+/// use specdec::batch::{BatchDecoder, Request};
+/// use specdec::KPolicy;
 /// use specdec::{toy::{MarkovModel, ToyPair}, SamplingConfig};
 /// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
-/// let mut batch = BatchDecoder::new(BatchPolicy::Fixed(3))?;
+/// let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
 /// batch.add(target.clone(), draft.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
 /// let sampled = SamplingConfig::new(0.8)?.with_seed(5);
 /// batch.add(target, draft, Request::new(vec![3]).sampling(sampled).max_new_tokens(10))?;
