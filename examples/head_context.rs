@@ -66,9 +66,7 @@ fn measure(files: &ModelFiles, args: &Args, n: usize) -> Result<Vec<f64>> {
         for _ in 0..args.chains {
             let mut last = row.clone();
             for _ in 0..args.chain {
-                let Proposal::Logits(next) = draft.propose(&[best(&last)])? else {
-                    anyhow::bail!("no proposal")
-                };
+                let Proposal::Logits(next) = draft.propose(&[best(&last)])? else { anyhow::bail!("no proposal") };
                 last = next;
             }
             // Back to the context: the head keeps the positions it computed from the target's
@@ -92,7 +90,10 @@ fn main() -> Result<()> {
         let shown: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
         times.sort_by(f64::total_cmp);
         let (least, median) = (times[0], times[times.len() / 2]);
-        println!("context {n:>6}: {median:.3} ms per drafted token (median), {least:.3} (least); runs: {}", shown.join(", "));
+        println!(
+            "context {n:>6}: {median:.3} ms per drafted token (median), {least:.3} (least); runs: {}",
+            shown.join(", ")
+        );
         medians.push(median);
     }
     if let (Some(first), Some(last)) = (medians.first(), medians.last()) {
