@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::layer::{f32_on, LayerShape};
 use crate::error::{Error, Result};
 use crate::loading::safetensors::open_folder;
+use crate::models::block::{BlockShape, RopeLayout};
 
 /// The fields of a head's `config.json` this crate reads (EAGLE-1, EAGLE-3 and Medusa
 /// heads write llama-style configs; Medusa adds its own two fields).
@@ -67,11 +67,11 @@ fn default_theta() -> f64 {
 }
 
 impl HeadConfig {
-    /// The decoder layer's shape.
+    /// The decoder layer's shape (HF's RoPE layout, as head checkpoints store their rows).
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] for zero sizes or heads that do not divide.
-    pub fn layer_shape(&self) -> Result<LayerShape> {
+    pub(crate) fn block_shape(&self) -> Result<BlockShape> {
         let heads = self.num_attention_heads;
         let kv_heads = self.num_key_value_heads.unwrap_or(heads);
         if self.hidden_size == 0 || self.intermediate_size == 0 || heads == 0 || kv_heads == 0 {
@@ -88,14 +88,13 @@ impl HeadConfig {
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(Error::setting("head_dim", head_dim, "an even, non-zero width"));
         }
-        Ok(LayerShape {
-            hidden: self.hidden_size,
+        Ok(BlockShape {
             heads,
             kv_heads,
             head_dim,
-            intermediate: self.intermediate_size,
-            eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
+            eps: self.rms_norm_eps as f32,
+            rope: RopeLayout::Halves,
+            gelu: false,
         })
     }
 }
@@ -178,4 +177,9 @@ pub(crate) fn check_dims(name: &str, t: &Tensor, dims: &[usize]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// A tensor as f32 on `device`.
+fn f32_on(t: Tensor, device: &Device) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F32)?.to_device(device)?)
 }

@@ -7,9 +7,10 @@
 use candle_core::{Device, Tensor, D};
 
 use super::config::HeadFiles;
-use super::layer::{rms_norm, DecoderLayer, LayerCache};
 use super::target::{cut_rows, draft_vocab, head_matrix, widen, Proj, TargetParts};
 use crate::error::{Error, Result};
+use crate::models::block::{rms_norm, rope_rows, Block};
+use crate::models::kv_cache::KvCache;
 use crate::models::{Linear, Tap};
 
 /// Which EAGLE generation a head is.
@@ -23,7 +24,7 @@ pub enum EagleVersion {
 
 /// What a head step reads beside the tokens: the target's states, or the head's own.
 #[derive(Debug, Clone)]
-pub enum HeadInput {
+pub(crate) enum HeadInput {
     /// Rows of the target's recorded states (`hidden` wide, or `3 × hidden` for EAGLE-3).
     Target(Tensor),
     /// Rows the head itself produced (`hidden` wide).
@@ -35,7 +36,10 @@ pub enum HeadInput {
 pub struct EagleHead {
     version: EagleVersion,
     fc: Proj,
-    layer: DecoderLayer,
+    /// The decoder layer: the candle engine's block, with HF's RoPE layout.
+    layer: Block,
+    hidden: usize,
+    rope_theta: f32,
     /// EAGLE-3: the norms of the token embedding and of the fed state, and the final norm.
     norms: Option<[Tensor; 3]>,
     embed: Tensor,
@@ -68,7 +72,6 @@ impl EagleHead {
         };
         fits("hidden_size", c.hidden_size, h)?;
         fits("vocab_size", c.vocab_size, t.vocab_size)?;
-        let s = c.layer_shape()?;
         let prefix = match version {
             EagleVersion::One => "layers.0",
             EagleVersion::Three if files.tensors.contains_key("layers.0.self_attn.q_proj.weight") => "layers.0",
@@ -81,22 +84,7 @@ impl EagleHead {
             Some(false) => None,
             _ => files.take_opt("fc.bias", &[h])?,
         };
-        let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
-        let mut lin = |name: &str, out: usize, inp: usize| -> Result<Proj> {
-            let w = files.take(&format!("{prefix}.{name}.weight"), &[out, inp])?;
-            let b = files.take_opt(&format!("{prefix}.{name}.bias"), &[out])?;
-            Proj::new(w, b, quantize)
-        };
-        let (q, k, v) = (
-            lin("self_attn.q_proj", q_out, attn_in)?,
-            lin("self_attn.k_proj", kv_out, attn_in)?,
-            lin("self_attn.v_proj", kv_out, attn_in)?,
-        );
-        let o = lin("self_attn.o_proj", h, q_out)?;
-        let (gate, up) = (lin("mlp.gate_proj", s.intermediate, h)?, lin("mlp.up_proj", s.intermediate, h)?);
-        let down = lin("mlp.down_proj", h, s.intermediate)?;
-        let post_norm = files.take(&format!("{prefix}.post_attention_layernorm.weight"), &[h])?;
-        let layer = DecoderLayer { shape: s, input_norm: None, q, k, v, o, post_norm, gate, up, down };
+        let layer = layer(&mut files, prefix, attn_in, quantize)?;
         let (norms, head_w, d2t, taps) = match version {
             EagleVersion::One => {
                 // Our trained heads may carry a draft vocabulary (`d2t`, as EAGLE-3's): the
@@ -138,6 +126,8 @@ impl EagleHead {
             version,
             fc: Proj::new(fc_w, fc_b, quantize)?,
             layer,
+            hidden: h,
+            rope_theta: c.rope_theta as f32,
             norms,
             embed,
             output,
@@ -164,17 +154,7 @@ impl EagleHead {
 
     /// The head's width (the target's hidden size).
     pub fn hidden(&self) -> usize {
-        self.layer.shape.hidden
-    }
-
-    /// Width of one attention head.
-    pub fn head_dim(&self) -> usize {
-        self.layer.shape.head_dim
-    }
-
-    /// RoPE base.
-    pub fn rope_theta(&self) -> f64 {
-        self.layer.shape.rope_theta
+        self.hidden
     }
 
     /// The device the head computes on.
@@ -182,51 +162,73 @@ impl EagleHead {
         self.embed.device()
     }
 
-    /// One pass over `(batch, t)` positions: position `i` reads `tokens[i]` and the state
-    /// `input[i]` that precedes it, and the result `(batch, t, hidden)` is the head's guess of
-    /// the state after `tokens[i]`. `rope` holds the positions' rotations and `mask` which
-    /// keys each row sees (`cache`'s, then the new ones).
+    /// An empty KV cache for the head's layer: growing in place (drafting) or
+    /// `differentiable` (training's unrolled pass).
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub(crate) fn cache(&self, differentiable: bool) -> Result<KvCache> {
+        let s = &self.layer.shape;
+        match differentiable {
+            true => KvCache::differentiable(s.kv_heads, s.head_dim, self.device()),
+            false => KvCache::new(s.kv_heads, s.head_dim, 256, self.device()),
+        }
+    }
+
+    /// One pass over `t` rows: row `i` reads `tokens[i]` and the state `input[i]` that precedes
+    /// it, at position `positions[i]`, and the result `(t, hidden)` is the head's guess of the
+    /// state after `tokens[i]`. `mask`, when given, says which keys each row sees (`cache`'s,
+    /// then the new ones, which are appended to it).
     ///
     /// # Errors
     /// Shape mismatches, backend failures.
-    pub fn step(
+    pub(crate) fn step(
         &self,
-        tokens: &Tensor,
+        tokens: &[u32],
         input: HeadInput,
-        rope: (&Tensor, &Tensor),
-        mask: &Tensor,
-        cache: Option<&mut LayerCache>,
+        positions: &[usize],
+        mask: Option<&Tensor>,
+        cache: &mut KvCache,
     ) -> Result<Tensor> {
-        let emb = self
-            .embed
-            .embedding(&tokens.flatten_all()?)?
-            .reshape(tokens.dims().iter().copied().chain([self.embed.dim(1)?]).collect::<Vec<_>>())?;
+        let dev = self.device();
+        let emb = self.embed.embedding(&Tensor::new(tokens, dev)?)?;
+        let rope = rope_rows(positions, self.layer.shape.head_dim, self.rope_theta, dev)?;
+        let rope = (&rope.0, &rope.1);
         match (self.version, &self.norms) {
             (EagleVersion::Three, Some([emb_norm, state_norm, _])) => {
                 let state = match input {
                     HeadInput::Target(x) => self.fc.forward(&x)?,
                     HeadInput::Own(x) => x,
                 };
-                let eps = self.layer.shape.eps;
-                let attn_in =
-                    Tensor::cat(&[rms_norm(&emb, emb_norm, eps)?, rms_norm(&state, state_norm, eps)?], D::Minus1)?;
-                self.layer.forward(&attn_in, &state, rope, mask, cache)
+                let (eps, slow) = (self.layer.shape.eps, cache.is_differentiable());
+                let attn_in = Tensor::cat(
+                    &[rms_norm(&emb, emb_norm, eps, slow)?, rms_norm(&state, state_norm, eps, slow)?],
+                    D::Minus1,
+                )?;
+                self.layer.forward(&state, Some(&attn_in), rope, mask, cache)
             }
             _ => {
                 let (HeadInput::Target(x) | HeadInput::Own(x)) = input;
                 let fused = self.fc.forward(&Tensor::cat(&[&emb, &x], D::Minus1)?)?;
-                self.layer.forward(&fused, &fused, rope, mask, cache)
+                self.layer.forward(&fused, None, rope, mask, cache)
             }
         }
     }
 
-    /// Logits over the draft vocabulary of the head's states (`…, hidden`).
+    /// Logits over the draft vocabulary of the head's states (`…, hidden`), differentiable
+    /// (training's loss reads them).
     ///
     /// # Errors
     /// Backend failures.
     pub fn draft_logits(&self, states: &Tensor) -> Result<Tensor> {
+        self.output_of(states, true)
+    }
+
+    fn output_of(&self, states: &Tensor, differentiable: bool) -> Result<Tensor> {
         match &self.norms {
-            Some([_, _, norm]) => self.output.forward(&rms_norm(states, norm, self.layer.shape.eps)?),
+            Some([_, _, norm]) => {
+                self.output.forward(&rms_norm(&states.contiguous()?, norm, self.layer.shape.eps, differentiable)?)
+            }
             None => self.output.forward(states),
         }
     }
@@ -237,7 +239,70 @@ impl EagleHead {
     /// # Errors
     /// Backend failures.
     pub fn logits(&self, states: &Tensor) -> Result<Vec<Vec<f32>>> {
-        let rows = self.draft_logits(states)?.to_vec2::<f32>()?;
+        let rows = self.output_of(states, false)?.to_vec2::<f32>()?;
         Ok(widen(rows, self.d2t.as_deref(), self.vocab))
     }
+}
+
+/// The decoder layer under `prefix`, its attention reading `attn_in` values a row: the
+/// engine's block without an input norm (an EAGLE head's attention input comes normed, or is
+/// its `fc` output as it is), in HF's RoPE layout.
+///
+/// # Errors
+/// As [`EagleHead::load`].
+fn layer(files: &mut HeadFiles, prefix: &str, attn_in: usize, quantize: bool) -> Result<Block> {
+    let s = files.config.block_shape()?;
+    let (h, ff) = (files.config.hidden_size, files.config.intermediate_size);
+    let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let qkv_bias = qkv_bias(files, prefix, [q_out, kv_out, kv_out])?;
+    let mut lin = |name: &str, out: usize, inp: usize| -> Result<Linear> {
+        head_matrix(&files.take(&format!("{prefix}.{name}.weight"), &[out, inp])?, quantize)
+    };
+    Ok(Block {
+        shape: s,
+        attn_norm: None,
+        q: lin("self_attn.q_proj", q_out, attn_in)?,
+        k: lin("self_attn.k_proj", kv_out, attn_in)?,
+        v: lin("self_attn.v_proj", kv_out, attn_in)?,
+        o: lin("self_attn.o_proj", h, q_out)?,
+        gate: lin("mlp.gate_proj", ff, h)?,
+        up: lin("mlp.up_proj", ff, h)?,
+        down: lin("mlp.down_proj", h, ff)?,
+        ffn_norm: files.take(&format!("{prefix}.post_attention_layernorm.weight"), &[h])?,
+        qkv_bias,
+        qk_norm: None,
+        post_norms: None,
+        sliding: false,
+    })
+}
+
+/// The query, key and value biases of the layer under `prefix`, if it has any (one missing
+/// beside the others counts as zeros). Biases elsewhere in the layer have no place in the
+/// block: a load error.
+///
+/// # Errors
+/// [`Error::Load`] for a bias the block lacks; [`Error::HeadMismatch`] for another shape.
+fn qkv_bias(files: &mut HeadFiles, prefix: &str, widths: [usize; 3]) -> Result<Option<[Tensor; 3]>> {
+    for name in ["self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
+        let bias = format!("{prefix}.{name}.bias");
+        if files.tensors.contains_key(&bias) {
+            return Err(Error::load(
+                &files.path,
+                format!("`{bias}`: the decoder block has biases on the query, key and value projections only"),
+            ));
+        }
+    }
+    let mut found = [None, None, None];
+    for (slot, (name, width)) in found.iter_mut().zip(["q_proj", "k_proj", "v_proj"].into_iter().zip(widths)) {
+        *slot = files.take_opt(&format!("{prefix}.self_attn.{name}.bias"), &[width])?;
+    }
+    let Some(device) = found.iter().flatten().next().map(|t| t.device().clone()) else { return Ok(None) };
+    let or_zeros = |b: Option<Tensor>, width: usize| -> Result<Tensor> {
+        Ok(match b {
+            Some(b) => b,
+            None => Tensor::zeros(width, candle_core::DType::F32, &device)?,
+        })
+    };
+    let [q, k, v] = found;
+    Ok(Some([or_zeros(q, widths[0])?, or_zeros(k, widths[1])?, or_zeros(v, widths[2])?]))
 }

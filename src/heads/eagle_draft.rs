@@ -1,4 +1,4 @@
-//! Drafting with an EAGLE head: its own small KV cache over the context, fed the target's
+//! Drafting with an EAGLE head: its own KV cache over the context, fed the target's
 //! recorded states where they exist and its own guesses beyond, and trees grown level by level
 //! (EAGLE-2) with the tree's nodes attending to their ancestors in the head's cache.
 
@@ -7,10 +7,11 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use super::eagle::{EagleHead, HeadInput};
-use super::layer::{mask, rope_tables, LayerCache};
 use crate::error::{Error, Result};
 use crate::model::grow;
 use crate::model::{DraftModel, Proposal, TokenModel};
+use crate::models::block::mask;
+use crate::models::kv_cache::KvCache;
 use crate::models::Features;
 use crate::stop::check_tokens;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -28,7 +29,8 @@ pub struct EagleDraft {
     held: usize,
     /// Cache positions computed from the target's states (a prefix of the cache).
     real: usize,
-    cache: LayerCache,
+    /// Grows in place: a drafted token costs the same however long the context.
+    cache: KvCache,
     /// The head's guess of the state after the last held token.
     last: Option<Tensor>,
 }
@@ -48,18 +50,17 @@ impl EagleDraft {
                 target: features.width().to_string(),
             });
         }
-        Ok(Self { head, features, held: 0, real: 0, cache: LayerCache::default(), last: None })
+        let cache = head.cache(false)?;
+        Ok(Self { head, features, held: 0, real: 0, cache, last: None })
     }
 
     /// Runs the head at cache positions `from..from + tokens.len()` with `input`, each row
     /// seeing the cache and the rows before it. Returns the states `(n, hidden)`.
     fn run_chain(&mut self, tokens: &[u32], input: HeadInput) -> Result<Tensor> {
-        let (n, from, dev) = (tokens.len(), self.cache.len(), self.head.device().clone());
+        let (n, from) = (tokens.len(), self.cache.len());
         let positions: Vec<usize> = (from..from + n).collect();
-        let (cos, sin) = rope_tables(&positions, self.head.head_dim(), self.head.rope_theta(), &dev)?;
-        let m = mask(n, from + n, &dev, |r, c| c <= from + r)?;
-        let t = Tensor::new(tokens, &dev)?.unsqueeze(0)?;
-        Ok(self.head.step(&t, input, (&cos, &sin), &m, Some(&mut self.cache))?.squeeze(0)?)
+        let m = mask(n, from + n, self.head.device(), |r, c| c <= from + r)?;
+        self.head.step(tokens, input, &positions, m.as_ref(), &mut self.cache)
     }
 
     /// Absorbs `tokens`: each (but the context's very first) adds one cache position. Returns
@@ -75,7 +76,7 @@ impl EagleDraft {
         let mut out = None;
         if known > start {
             let rows = self.features.rows(start, known)?;
-            let x = Tensor::from_vec(rows, (1, known - start, self.features.width()), self.head.device())?;
+            let x = Tensor::from_vec(rows, (known - start, self.features.width()), self.head.device())?;
             let states = self.run_chain(&paired[..known - start], HeadInput::Target(x))?;
             if self.real == start {
                 self.real = known;
@@ -85,7 +86,7 @@ impl EagleDraft {
         let own = &paired[known - start..];
         match (own.len(), out.take().or_else(|| self.last.take())) {
             (0, o) => out = o,
-            (1, Some(prev)) => out = Some(self.run_chain(own, HeadInput::Own(prev.unsqueeze(0)?))?),
+            (1, Some(prev)) => out = Some(self.run_chain(own, HeadInput::Own(prev))?),
             _ => return Err(Error::NotReady("the draft head is ahead of the target's recorded hidden states")),
         }
         self.held += tokens.len();
@@ -115,24 +116,22 @@ impl EagleDraft {
                 .map(|&n| all.parents()[n].map_or(Some(root.clone()), |p| states[p].clone()))
                 .collect::<Option<Vec<Tensor>>>()
                 .ok_or(Error::NotReady("a tree node's parent has no state"))?;
-            let x = Tensor::cat(&inputs, 0)?.unsqueeze(0)?;
+            let x = Tensor::cat(&inputs, 0)?;
             let positions: Vec<usize> = frontier.iter().map(|&n| base + all.depth(n)).collect();
-            let (cos, sin) = rope_tables(&positions, self.head.head_dim(), self.head.rope_theta(), &dev)?;
             let first = base + slot_node.len();
             let lines: Vec<Vec<usize>> = frontier.iter().map(|&n| all.line(n)).collect();
             let m = mask(frontier.len(), first + frontier.len(), &dev, |r, c| {
                 c < base || (c >= first && c - first == r) || (c < first && lines[r].contains(&slot_node[c - base]))
             })?;
             let tokens: Vec<u32> = frontier.iter().map(|&n| all.tokens()[n]).collect();
-            let t = Tensor::new(&tokens[..], &dev)?.unsqueeze(0)?;
-            let out = self.head.step(&t, HeadInput::Own(x), (&cos, &sin), &m, Some(&mut self.cache))?.squeeze(0)?;
+            let out = self.head.step(&tokens, HeadInput::Own(x), &positions, m.as_ref(), &mut self.cache)?;
             for (i, &n) in frontier.iter().enumerate() {
                 states[n] = Some(out.narrow(0, i, 1)?);
                 slot_node.push(n);
             }
             self.head.logits(&out)
         });
-        self.cache.truncate(base)?;
+        self.cache.truncate(base);
         Ok(grown?.0)
     }
 }
@@ -153,7 +152,7 @@ impl TokenModel for EagleDraft {
             return Err(Error::BadTruncate { len: self.held, to: len });
         }
         let keep = len.saturating_sub(1).min(self.real);
-        self.cache.truncate(keep)?;
+        self.cache.truncate(keep);
         self.real = keep;
         self.held = if len == 0 { 0 } else { keep + 1 };
         self.last = None;

@@ -9,7 +9,6 @@ mod config;
 mod draft;
 mod eagle;
 mod eagle_draft;
-mod layer;
 mod medusa;
 mod target;
 #[cfg(feature = "train")]
@@ -18,7 +17,7 @@ mod unroll;
 
 pub use config::{HeadConfig, HeadFiles};
 pub use draft::HeadDraft;
-pub use eagle::{EagleHead, EagleVersion, HeadInput};
+pub use eagle::{EagleHead, EagleVersion};
 pub use eagle_draft::EagleDraft;
 pub use medusa::{MedusaDraft, MedusaHead};
 pub use target::TargetParts;

@@ -2,13 +2,14 @@
 //! drafts: depth 1 reads the target's states, depth `d` reads the head's own states from
 //! depth `d − 1`, and each row attends to the target-state positions up to its own and to its
 //! own line of guesses (the "training-time test" of EAGLE-3). Training and evaluation use it;
-//! its rows equal what [`EagleDraft`](super::EagleDraft) proposes.
+//! its rows equal what [`EagleDraft`](super::EagleDraft) proposes. Its cache concatenates, so
+//! gradients flow through every level.
 
 use candle_core::Tensor;
 
 use super::eagle::{EagleHead, HeadInput};
-use super::layer::{mask, rope_tables, LayerCache};
 use crate::error::{Error, Result};
+use crate::models::block::mask;
 
 impl EagleHead {
     /// States of `depth` drafting levels over a sequence of `tokens` (length `n` ≥ 2) whose
@@ -28,21 +29,19 @@ impl EagleHead {
                 "two tokens or more, depth 1 or more",
             ));
         }
-        let (rows, dev) = (n - 1, self.device().clone());
-        let mut cache = LayerCache::default();
+        let rows = n - 1;
+        let mut cache = self.cache(true)?;
         let mut levels: Vec<Tensor> = Vec::with_capacity(depth);
         for d in 1..=depth {
             let ids: Vec<u32> = (0..rows).map(|j| tokens.get(j + d).copied().unwrap_or(0)).collect();
             let positions: Vec<usize> = (0..rows).map(|j| j + d - 1).collect();
-            let (cos, sin) = rope_tables(&positions, self.head_dim(), self.rope_theta(), &dev)?;
             // Row j sees the target-state positions 0..=j and its own guesses at every level.
-            let m = mask(rows, rows * d, &dev, |r, c| if c < rows { c <= r } else { c % rows == r })?;
+            let m = mask(rows, rows * d, self.device(), |r, c| if c < rows { c <= r } else { c % rows == r })?;
             let input = match levels.last() {
-                None => HeadInput::Target(features.narrow(0, 0, rows)?.unsqueeze(0)?),
-                Some(prev) => HeadInput::Own(prev.unsqueeze(0)?),
+                None => HeadInput::Target(features.narrow(0, 0, rows)?),
+                Some(prev) => HeadInput::Own(prev.clone()),
             };
-            let t = Tensor::new(&ids[..], &dev)?.unsqueeze(0)?;
-            levels.push(self.step(&t, input, (&cos, &sin), &m, Some(&mut cache))?.squeeze(0)?);
+            levels.push(self.step(&ids, input, &positions, m.as_ref(), &mut cache)?);
         }
         Ok(levels)
     }

@@ -6,6 +6,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
+use crate::models::block::{mask, Block, BlockShape};
 use crate::models::config::LlamaConfig;
 use crate::models::engine::{Backend, Cache, Engine, Pass, Tap, TokenMatrices};
 use crate::models::format::WeightFormat;
@@ -13,28 +14,6 @@ use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
 use crate::models::tensors::{map_parts, BlockTensors, OuterTensors, TensorSource};
 use crate::tree::TreeShape;
-
-/// One transformer block's weights.
-#[derive(Debug)]
-struct Block {
-    attn_norm: Tensor,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    ffn_norm: Tensor,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-    /// Query, key and value biases (Qwen2).
-    qkv_bias: Option<[Tensor; 3]>,
-    /// RMSNorm weights of each query head and each key head (Qwen3, Gemma 3).
-    qk_norm: Option<[Tensor; 2]>,
-    /// RMSNorm weights after attention and after the feed-forward layer (Gemma).
-    post_norms: Option<[Tensor; 2]>,
-    /// True for a sliding-window layer (Gemma 3).
-    sliding: bool,
-}
 
 /// Weights as candle tensors on one device.
 #[derive(Debug)]
@@ -66,11 +45,12 @@ impl CandleWeights {
             let (qkv_bias, qk_norm, post_norms) =
                 (map_parts(t.qkv_bias, vector)?, map_parts(t.qk_norm, vector)?, map_parts(t.post_norms, vector)?);
             blocks.push(Block {
+                shape: BlockShape::of(c),
                 qkv_bias,
                 qk_norm,
                 post_norms,
                 sliding: c.is_sliding(i),
-                attn_norm: vector(t.attn_norm)?,
+                attn_norm: Some(vector(t.attn_norm)?),
                 q: Linear::new(t.q, format, device)?,
                 k: Linear::new(t.k, format, device)?,
                 v: Linear::new(t.v, format, device)?,
@@ -215,24 +195,11 @@ impl CandleWeights {
             })
             .collect::<Result<_>>()?;
         let eps = c.rms_norm_eps as f32;
-        let residual = |x: Tensor, y: Tensor, post: Option<&Tensor>| -> Result<Tensor> {
-            Ok(match post {
-                Some(w) => (x + candle_nn::ops::rms_norm(&y, w, eps)?)?,
-                None => (x + y)?,
-            })
-        };
         for (slot, (cache, &l)) in caches.iter_mut().zip(layers.iter()).enumerate() {
             tap(Tap::Residual(slot), &x, &mut hidden)?;
             let b = &self.blocks[l];
             let (cos, sin, mask) = &kinds[usize::from(b.sliding)];
-            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let attn = attention(c, b, &h, cos, sin, mask.as_ref(), cache)?;
-            x = residual(x, b.o.forward(&attn)?, b.post_norms.as_ref().map(|p| &p[0]))?;
-            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let gate = b.gate.forward(&h)?;
-            let gate = if c.family.gemma() { gate.gelu()? } else { candle_nn::ops::silu(&gate)? };
-            let ffn = (gate * b.up.forward(&h)?)?;
-            x = residual(x, b.down.forward(&ffn)?, b.post_norms.as_ref().map(|p| &p[1]))?;
+            x = b.forward(&x, None, (cos, sin), mask.as_ref(), cache)?;
         }
         tap(Tap::Residual(layers.len()), &x, &mut hidden)?;
         if taps.contains(&Tap::Final) {
@@ -245,53 +212,6 @@ impl CandleWeights {
         let logits = self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         Ok(Pass { logits, hidden })
     }
-}
-
-/// Self-attention of `n` new positions over the cache: queries (heads, n, hd) grouped as
-/// (kv_heads, groups·n, hd) so each key/value head serves its query heads without copies.
-fn attention(
-    c: &LlamaConfig,
-    b: &Block,
-    h: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    mask: Option<&Tensor>,
-    cache: &mut KvCache,
-) -> Result<Tensor> {
-    let n = h.dim(0)?;
-    let (hd, kvh, groups) = (c.head_dim, c.num_kv_heads, c.num_heads / c.num_kv_heads);
-    let eps = c.rms_norm_eps as f32;
-    let project = |w: &Linear, i: usize| -> Result<Tensor> {
-        let x = w.forward(h)?;
-        Ok(match &b.qkv_bias {
-            Some(bias) => x.broadcast_add(&bias[i])?,
-            None => x,
-        })
-    };
-    let heads = |t: Tensor, count: usize, norm: Option<&Tensor>| -> Result<Tensor> {
-        let t = t.reshape((n, count, hd))?;
-        let t = match norm {
-            Some(w) => candle_nn::ops::rms_norm(&t.contiguous()?, w, eps)?,
-            None => t,
-        };
-        let t = t.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
-        Ok(candle_nn::rotary_emb::rope_i(&t, cos, sin)?.squeeze(0)?)
-    };
-    let norms = b.qk_norm.as_ref();
-    let q = heads(project(&b.q, 0)?, c.num_heads, norms.map(|n| &n[0]))?;
-    let k = heads(project(&b.k, 1)?, kvh, norms.map(|n| &n[1]))?;
-    let v = project(&b.v, 2)?.reshape((n, kvh, hd))?.transpose(0, 1)?.contiguous()?;
-    let (keys, values) = cache.append(&k, &v)?;
-    let total = keys.dim(1)?;
-    let q = q.reshape((kvh, groups * n, hd))?;
-    let scores = (q.matmul(&keys.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-    let scores = match mask {
-        Some(m) => scores.reshape((kvh, groups, n, total))?.broadcast_add(m)?.reshape((kvh, groups * n, total))?,
-        None => scores,
-    };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-    let out = probs.matmul(&values.contiguous()?)?; // (kvh, groups·n, hd)
-    Ok(out.reshape((c.num_heads, n, hd))?.transpose(0, 1)?.reshape((n, c.num_heads * hd))?)
 }
 
 /// (n, pos + n) additive mask: new token i sees the cached positions and, of the new ones,
@@ -309,21 +229,10 @@ fn attention_mask(
     if n == 1 && first(0) == 0 {
         return Ok(None);
     }
-    let total = pos + n;
     let sees = |i: usize, j: usize| j <= i && tree.is_none_or(|t| t.sees(i)[j]);
-    let data: Vec<f32> = (0..n)
-        .flat_map(|i| {
-            (0..total).map(move |j| {
-                // Index j of the call is position j in the cache, or a new token at its own.
-                let at = if j < pos { j } else { position(j - pos) };
-                let seen = at >= first(i) && (j < pos || sees(i, j - pos));
-                if seen {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Ok(Some(Tensor::from_vec(data, (n, total), device)?))
+    mask(n, pos + n, device, |i, j| {
+        // Index j of the call is position j in the cache, or a new token at its own.
+        let at = if j < pos { j } else { position(j - pos) };
+        at >= first(i) && (j < pos || sees(i, j - pos))
+    })
 }

@@ -160,10 +160,15 @@ impl LlamaConfig {
     /// false) or the sliding-window ones.
     pub fn rope_angles(&self, local: bool) -> Vec<f32> {
         let theta = if local { self.rope_local_theta } else { self.rope_theta };
-        let half = self.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / self.head_dim as f32)).collect();
-        (0..self.max_context).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
+        rope_angles(theta, self.head_dim, 0..self.max_context)
     }
+}
+
+/// Position × frequency (base `theta`) of each of `positions`, `head_dim / 2` a position: the
+/// angles of RoPE, for models and draft heads alike.
+pub(crate) fn rope_angles(theta: f32, head_dim: usize, positions: impl Iterator<Item = usize>) -> Vec<f32> {
+    let inv_freq: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
+    positions.flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f)).collect()
 }
 
 /// The fields of an HF `config.json` this crate reads (for the loaders).

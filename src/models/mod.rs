@@ -4,11 +4,13 @@
 //! - `config`, `format`, `tensors`: the model's shape, how its weights are held, and the one
 //!   place that names its tensors ([`tensors::TensorSource`] is what loaders implement);
 //! - `engine`: the [`Backend`] trait, one forward pass with its own cache;
-//! - `native` (our CPU kernels) and `candle_llama` (candle's ops, any device, with `linear`
-//!   and `kv_cache`): the two backends;
+//! - `native` (our CPU kernels) and `candle_llama` (candle's ops, any device, with `linear`,
+//!   `kv_cache` and `block`, the transformer block that draft heads run too): the two
+//!   backends;
 //! - `dispatch`: either engine's weights, and a model's cache bound to them, as one type each;
 //! - `llama`: [`Llama`], a model instance over shared [`LlamaWeights`] and one backend.
 
+pub(crate) mod block;
 pub(crate) mod candle_llama;
 pub(crate) mod config;
 pub(crate) mod dispatch;
