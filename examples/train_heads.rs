@@ -139,7 +139,7 @@ fn main() -> Result<()> {
     println!(
         "training softmax over the {} tokens the data holds or the target predicts (of {})",
         vocab.tokens().len(),
-        parts.config.vocab_size
+        parts.config().vocab_size
     );
     let o = TrainOptions {
         epochs: args.epochs,
@@ -271,7 +271,7 @@ fn train_head(
     if let Some(e) = head.eagle(&cut)? {
         train::fit(&head, train.len(), o, |i, rng| train::eagle_loss(&e, &train[i], &labels[i], o, rng), &mut report)?;
     } else if let Some(m) = head.medusa(&cut)? {
-        let teacher = Linear::from_f32(&cut.output, None)?;
+        let teacher = Linear::from_f32(cut.output(), None)?;
         train::fit(
             &head,
             train.len(),

@@ -39,9 +39,9 @@ fn a_head_borrows_the_same_matrices_from_either_engine() -> Result<()> {
                 TargetParts::from_weights(&w, &Device::Cpu)
             };
             let (native, candle) = (parts(Engine::Native)?, parts(Engine::Candle)?);
-            let c = &native.config;
-            assert_eq!(native.embed.dims(), [c.vocab_size, c.hidden_size]);
-            for (a, b) in [(&native.embed, &candle.embed), (&native.output, &candle.output)] {
+            let c = native.config();
+            assert_eq!(native.embed().dims(), [c.vocab_size, c.hidden_size]);
+            for (a, b) in [(native.embed(), candle.embed()), (native.output(), candle.output())] {
                 let gap = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
                 assert_eq!(gap, 0.0, "{name}, {format:?}");
             }

@@ -140,7 +140,7 @@ impl<T: TargetModel, D: DraftModel> DecoderBuilder<T, D> {
 /// [`SamplingConfig::coupled`] the text depends on the seed alone (generation n of a decoder
 /// equals generation n of a [`PlainDecoder`](crate::PlainDecoder) with the same settings). The k
 /// controller, too, carries what it learned from one generation to the next (its estimates,
-/// and whether it stopped probing a draft too slow to pay; see [`KController`]).
+/// and whether it stopped probing a draft too slow to pay; see [`KController`](crate::KController)).
 ///
 /// A failed step leaves the tokens produced so far in place and both models rolled back to
 /// them, so `step` can be called again; if even the roll-back fails, `step` reports
@@ -191,7 +191,7 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
     /// Like [`generate`](Self::generate), calling `on_tokens` with each run of newly accepted
     /// tokens; `ControlFlow::Break(())` from it stops the generation there (its
     /// [`FinishReason`] is then `Cancelled`). For text, feed the tokens to a
-    /// [`TextStream`](crate::TextStream), which holds back incomplete characters.
+    /// `TextStream` (feature `llama`), which holds back incomplete characters.
     ///
     /// # Errors
     /// As [`generate`](Self::generate).

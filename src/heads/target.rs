@@ -10,12 +10,9 @@ use crate::models::{Linear, LlamaConfig, LlamaWeights};
 /// The target's token embedding `(vocab, hidden)` and output head, as a head uses them.
 #[derive(Debug, Clone)]
 pub struct TargetParts {
-    /// The target's shape.
-    pub config: LlamaConfig,
-    /// The token embedding, f32.
-    pub embed: Tensor,
-    /// The output head (tied to the embedding or not), f32.
-    pub output: Tensor,
+    pub(crate) config: LlamaConfig,
+    pub(crate) embed: Tensor,
+    pub(crate) output: Tensor,
 }
 
 impl TargetParts {
@@ -38,6 +35,21 @@ impl TargetParts {
             }
         }
         Ok(Self { config, embed, output })
+    }
+
+    /// The target's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The token embedding, `(vocab, hidden)` in f32.
+    pub fn embed(&self) -> &Tensor {
+        &self.embed
+    }
+
+    /// The output head (tied to the embedding or not), `(vocab, hidden)` in f32.
+    pub fn output(&self) -> &Tensor {
+        &self.output
     }
 }
 

@@ -28,7 +28,7 @@ pub enum Engine {
 }
 
 /// A model's token embedding and output head, `(vocab, hidden)` each, in f32
-/// ([`Backend::token_matrices`]).
+/// (`Backend::token_matrices`).
 #[derive(Debug, Clone)]
 pub struct TokenMatrices {
     /// The token embedding (unscaled, for the models that scale it at lookup).

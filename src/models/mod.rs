@@ -3,7 +3,7 @@
 //!
 //! - `config`, `format`, `tensors`: the model's shape, how its weights are held, and the one
 //!   place that names its tensors ([`tensors::TensorSource`] is what loaders implement);
-//! - `engine`: the [`Backend`] trait, one forward pass with its own cache;
+//! - `engine`: the `Backend` trait, one forward pass with its own cache;
 //! - `native` (our CPU kernels) and `candle_llama` (candle's ops, any device, with `linear`,
 //!   `kv_cache` and `block`, the transformer block that draft heads run too): the two
 //!   backends;

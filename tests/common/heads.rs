@@ -166,7 +166,7 @@ pub fn trained_heads(
                 |_, _| Ok(()),
             )?;
         } else if let Some(m) = head.medusa(&cut)? {
-            let teacher = specdec::models::Linear::from_f32(&cut.output, None)?;
+            let teacher = specdec::models::Linear::from_f32(cut.output(), None)?;
             train::fit(
                 &head,
                 set.len(),
