@@ -167,7 +167,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.draft_calls += 1;
         self.stats.draft_secs += secs;
         let vocab = self.target.vocab_size();
-        let ctx = History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        let ctx =
+            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
         self.block.push(proposal, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)
     }
 
@@ -177,7 +178,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
         let vocab = self.target.vocab_size();
-        let ctx = History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        let ctx =
+            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
         let verdict = self.block.judge(logits, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)?;
         self.stats.record_round(self.block.tokens().len(), verdict.accepted);
         Ok(verdict)

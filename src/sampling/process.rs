@@ -94,7 +94,11 @@ pub(crate) struct BuiltIns {
 
 impl BuiltIns {
     pub fn is_empty(&self) -> bool {
-        self.repetition.is_none() && self.presence == 0.0 && self.frequency == 0.0 && self.bias.is_empty() && self.banned.is_empty()
+        self.repetition.is_none()
+            && self.presence == 0.0
+            && self.frequency == 0.0
+            && self.bias.is_empty()
+            && self.banned.is_empty()
     }
 }
 
@@ -217,12 +221,6 @@ impl Processors {
         }
         Ok(&self.scratch)
     }
-
-    /// The output counts as they stand (for the tests of roll-back).
-    #[cfg(test)]
-    pub fn output_counts(&self) -> &Counts {
-        &self.output
-    }
 }
 
 #[cfg(test)]
@@ -244,13 +242,8 @@ mod tests {
 
     #[test]
     fn built_ins_follow_their_definitions() -> Result<()> {
-        let builtins = BuiltIns {
-            repetition: Some(2.0),
-            presence: 0.5,
-            frequency: 0.25,
-            bias: vec![(0, 1.0)],
-            banned: vec![3],
-        };
+        let builtins =
+            BuiltIns { repetition: Some(2.0), presence: 0.5, frequency: 0.25, bias: vec![(0, 1.0)], banned: vec![3] };
         let mut p = Processors::new(builtins, &[]);
         let h = History { prompt: &[1], generated: &[2, 2], drafted: &[0] };
         let row = [1.0, 4.0, -2.0, 0.5, 3.0];
