@@ -83,6 +83,26 @@ struct Args {
     /// Top-p (nucleus) filter.
     #[arg(long)]
     top_p: Option<f32>,
+
+    /// Min-p: drop tokens less likely than this times the most likely one.
+    #[arg(long)]
+    min_p: Option<f32>,
+
+    /// Repetition penalty (HF / llama.cpp; 1 = none) over prompt and output.
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
+
+    /// Presence penalty (OpenAI) over the output.
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+
+    /// Frequency penalty (OpenAI) over the output.
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+
+    /// A logit bias, `ID=BIAS` (repeat the flag for several).
+    #[arg(long, value_parser = parse_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Random seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -176,6 +196,21 @@ fn main() -> Result<()> {
     }
     if let Some(p) = args.top_p {
         sampling = sampling.with_top_p(p)?;
+    }
+    if let Some(p) = args.min_p {
+        sampling = sampling.with_min_p(p)?;
+    }
+    if let Some(p) = args.repeat_penalty {
+        sampling = sampling.with_repetition_penalty(p)?;
+    }
+    if let Some(p) = args.presence_penalty {
+        sampling = sampling.with_presence_penalty(p)?;
+    }
+    if let Some(p) = args.frequency_penalty {
+        sampling = sampling.with_frequency_penalty(p)?;
+    }
+    for &(id, bias) in &args.logit_bias {
+        sampling = sampling.with_logit_bias(id, bias)?;
     }
     let stop = tokenizer.stop_ids();
 
@@ -272,4 +307,10 @@ fn report(
         println!("{summary}");
     }
     Ok(())
+}
+
+/// `ID=BIAS`.
+fn parse_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, bias) = s.split_once('=').ok_or_else(|| format!("expected ID=BIAS, got {s:?}"))?;
+    Ok((id.trim().parse().map_err(|e| format!("{id}: {e}"))?, bias.trim().parse().map_err(|e| format!("{bias}: {e}"))?))
 }

@@ -158,7 +158,7 @@ pub use model::{DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabular
 #[cfg(feature = "models")]
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;
-pub use sampling::SamplingConfig;
+pub use sampling::{History, LogitsProcessor, SamplingConfig};
 pub use stats::{Clock, FinishReason, Generation, Stats};
 pub use stop::StopRule;
 #[cfg(feature = "llama")]

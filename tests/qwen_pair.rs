@@ -264,3 +264,40 @@ fn qwen_rows_are_bit_identical_alone_or_verified_together() -> Result<()> {
     }
     Ok(())
 }
+
+/// Greedy with penalties, a logit bias and a banned token: the 0.5B and n-gram drafts emit
+/// what plain decoding with the same processors emits.
+#[test]
+fn qwen_pair_greedy_with_processors_equals_plain() -> Result<()> {
+    let Some((target, tok)) = load(QWEN_1_5B) else { return Ok(()) };
+    let Some((draft, _)) = load(QWEN_0_5B) else { return Ok(()) };
+    let ids = tok.encode(&tok.chat_prompt(EDIT))?;
+    let cfg = SamplingConfig::greedy()
+        .with_repetition_penalty(1.1)?
+        .with_presence_penalty(0.4)?
+        .with_frequency_penalty(0.2)?
+        .with_logit_bias(tok.encode("out")?[0], -2.0)?
+        .with_banned(tok.encode("repeat")?.into_iter().take(1));
+    let plain = PlainDecoder::new(Llama::new(target.clone())?, cfg.clone())
+        .max_new_tokens(24)
+        .stop_tokens(tok.stop_ids())
+        .generate(&ids)?;
+    let unprocessed =
+        PlainDecoder::new(Llama::new(target.clone())?, SamplingConfig::greedy()).max_new_tokens(24).generate(&ids)?;
+    assert_ne!(plain.tokens, unprocessed.tokens, "the processors changed nothing");
+    let vocab = target.config().vocab_size;
+    for (what, drafter) in
+        [("0.5B", Drafter::Model(Llama::new(draft.clone())?)), ("n-gram", Drafter::NGram(NGramDraft::new(vocab)?))]
+    {
+        let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
+            .k(3)
+            .sampling(cfg.clone())
+            .max_new_tokens(24)
+            .stop_tokens(tok.stop_ids())
+            .build()?;
+        let out = spec.generate(&ids)?;
+        assert_same(&format!("processors, {what}"), &out, &plain, &tok);
+        assert!(out.stats.drafted > 0, "{what}: nothing drafted");
+    }
+    Ok(())
+}

@@ -301,3 +301,33 @@ fn smollm2_greedy_speculation_with_trained_heads_equals_plain() -> Result<()> {
     }
     Ok(())
 }
+
+/// Greedy with penalties, a logit bias and a banned token: speculative output equals plain
+/// decoding with the same processors, on SmolLM2 and Gemma 3.
+#[test]
+fn greedy_with_processors_equals_plain_with_them() -> Result<()> {
+    for (name, draft_format) in [(SMOLLM2, WeightFormat::Stored), (GEMMA3, "q8_0".parse()?)] {
+        let Some((target_w, tok)) = load(name, WeightFormat::F32) else { return Ok(()) };
+        let Some((draft_w, _)) = load(name, draft_format) else { return Ok(()) };
+        let ids = prompt_ids(&tok, &tok.chat_prompt("List three uses of a paperclip."));
+        let first = |text: &str| prompt_ids(&tok, text).last().copied().unwrap_or(0);
+        let cfg = SamplingConfig::greedy()
+            .with_repetition_penalty(1.3)?
+            .with_presence_penalty(0.5)?
+            .with_frequency_penalty(0.3)?
+            .with_logit_bias(first(" paper"), -3.0)?
+            .with_banned([first(" the")]);
+        let plain = PlainDecoder::new(Llama::new(target_w.clone())?, cfg.clone()).max_new_tokens(32).generate(&ids)?;
+        for k in [1, 4] {
+            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
+                .k(k)
+                .sampling(cfg.clone())
+                .max_new_tokens(32)
+                .build()?;
+            let out = spec.generate(&ids)?;
+            assert_same(&format!("{name} with processors, k = {k}"), &out, &plain, &tok);
+            assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
+        }
+    }
+    Ok(())
+}

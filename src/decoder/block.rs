@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{self, DraftRow, Verdict};
 use crate::model::{Logits, Proposal};
 use crate::sampling::Noise;
-use crate::sampling::{argmax, sample, SamplingConfig};
+use crate::sampling::{argmax, sample, History, Processors, SamplingConfig};
 
 #[derive(Debug, Default)]
 pub(crate) struct ChainBlock {
@@ -45,27 +45,30 @@ impl ChainBlock {
         }
     }
 
-    /// Turns the draft's proposal into the block's next token: sampled from q with `sampling`
-    /// and `rng` (or the winner of the coupled race on q), unless greedy or a point mass.
-    /// False when the draft proposed nothing.
+    /// Turns the draft's proposal into the block's next token: its row processed for the
+    /// history `ctx` (prompt and kept tokens) plus the block so far, then sampled from q with
+    /// `sampling` and `rng` (or the winner of the coupled race on q), unless greedy or a point
+    /// mass. False when the draft proposed nothing, or a point mass the processors forbid.
     pub fn push<R: Rng + ?Sized>(
         &mut self,
         proposal: Proposal,
-        sampling: &SamplingConfig,
+        (sampling, procs, ctx): (&SamplingConfig, &mut Processors, History),
         vocab: usize,
         rng: &mut R,
     ) -> Result<bool> {
         let i = self.tokens.len();
         self.q_rows.resize_with(self.q_rows.len().max(i + 1), Vec::new);
+        let history = History { drafted: &self.tokens, ..ctx };
         let (token, dense) = match proposal {
             Proposal::Nothing => return Ok(false),
+            Proposal::Token(t) if procs.forbids(t) => return Ok(false),
             Proposal::Token(t) => (t, false),
             Proposal::Logits(row) if row.len() != vocab => {
                 return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
             }
-            Proposal::Logits(row) if sampling.is_greedy() => (argmax(&row)?, false),
+            Proposal::Logits(row) if sampling.is_greedy() => (argmax(procs.apply(&history, &row)?)?, false),
             Proposal::Logits(row) => {
-                sampling.probs(&row, &mut self.q_rows[i])?;
+                sampling.probs(procs.apply(&history, &row)?, &mut self.q_rows[i])?;
                 match &self.noise {
                     // Coupled drafts are judged by agreement: their q rows are not kept.
                     Some(noise) => (noise.pick(&self.q_rows[i], self.first + i as u64)?, false),
@@ -82,12 +85,13 @@ impl ChainBlock {
     }
 
     /// Judges the block against the target's rows for the pending token and each draft (one
-    /// more row than drafts), with the same settings the drafts were sampled with. Coupled
-    /// blocks are judged by agreement with the target's race winners.
+    /// more row than drafts), with the same settings and processors the drafts were sampled
+    /// with (row `i` processed for the history `ctx` plus the first `i` drafts). Coupled blocks
+    /// are judged by agreement with the target's race winners.
     pub fn judge<R: Rng + ?Sized>(
         &self,
         logits: &Logits,
-        sampling: &SamplingConfig,
+        (sampling, procs, ctx): (&SamplingConfig, &mut Processors, History),
         vocab: usize,
         rng: &mut R,
     ) -> Result<Verdict> {
@@ -97,19 +101,21 @@ impl ChainBlock {
                 if logits.vocab() != vocab { (vocab, logits.vocab()) } else { (k + 1, logits.rows()) };
             return Err(Error::BadModelOutput { model: "target", what: "logits rows or row length", expected, got });
         }
+        let history = |i: usize| History { drafted: &self.tokens[..i], ..ctx };
         if sampling.is_greedy() {
-            return kernel::verify_greedy(&self.tokens, |i| argmax(logits.row(i)));
+            return kernel::verify_greedy(&self.tokens, |i| argmax(procs.apply(&history(i), logits.row(i))?));
         }
         if let Some(noise) = &self.noise {
             let mut p = Vec::new();
             return kernel::verify_greedy(&self.tokens, |i| {
-                sampling.probs(logits.row(i), &mut p)?;
+                sampling.probs(procs.apply(&history(i), logits.row(i))?, &mut p)?;
                 noise.pick(&p, self.first + i as u64)
             });
         }
         let q: Vec<DraftRow> = (self.dense.iter().zip(&self.q_rows))
             .map(|(&d, row)| if d { DraftRow::Dense(row) } else { DraftRow::Point })
             .collect();
-        kernel::verify_block(&self.tokens, &q, |i, buf| sampling.probs(logits.row(i), buf), rng)
+        let target_row = |i: usize, buf: &mut Vec<f32>| sampling.probs(procs.apply(&history(i), logits.row(i))?, buf);
+        kernel::verify_block(&self.tokens, &q, target_row, rng)
     }
 }

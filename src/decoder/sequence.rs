@@ -16,7 +16,7 @@ use super::ChainBlock;
 use crate::error::{Error, Result};
 use crate::kernel::Verdict;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel, TokenModel};
-use crate::sampling::{Noise, SamplingConfig};
+use crate::sampling::{History, Noise, Processors, SamplingConfig};
 use crate::stats::{Clock, FinishReason, Generation, Stats};
 use crate::stop::{check_prompt, pending, StopRule};
 
@@ -36,6 +36,8 @@ pub(crate) struct Sequence<D, T> {
     finish: Option<FinishReason>,
     /// Coupled sampling's noise for the current generation.
     pub(super) noise: Option<Noise>,
+    /// The generation's logits processors (made anew at each start).
+    procs: Processors,
     /// Generations started, which key coupled sampling's noise.
     generations: u64,
 }
@@ -56,11 +58,13 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             prompt_len: 0,
             finish: None,
             noise: None,
+            procs: Processors::default(),
             generations: 0,
         }
     }
 
-    /// Checks that the models share a vocabulary and that the stop tokens lie in it.
+    /// Checks that the models share a vocabulary and that the stop tokens and the tokens the
+    /// sampling settings name lie in it.
     ///
     /// # Errors
     /// [`Error::VocabMismatch`], [`Error::TokenOutOfRange`].
@@ -69,6 +73,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         if draft != target {
             return Err(Error::VocabMismatch { draft, target });
         }
+        self.sampling.check(target)?;
         self.stop.check(target)
     }
 
@@ -84,6 +89,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.prompt_len = prompt.len();
         self.stats = Stats::default();
         self.noise = self.sampling.noise(self.generations);
+        self.procs = self.sampling.processors();
         self.generations += 1;
         self.finish = self.stop.finish(&[]);
         let head = &prompt[..prompt.len() - 1];
@@ -161,7 +167,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.draft_calls += 1;
         self.stats.draft_secs += secs;
         let vocab = self.target.vocab_size();
-        self.block.push(proposal, &self.sampling, vocab, &mut self.rng)
+        let ctx =
+            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        self.block.push(proposal, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)
     }
 
     /// Counts a target call of `secs` and judges the block against its rows (one for the
@@ -170,7 +178,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
         let vocab = self.target.vocab_size();
-        let verdict = self.block.judge(logits, &self.sampling, vocab, &mut self.rng)?;
+        let ctx =
+            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        let verdict = self.block.judge(logits, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)?;
         self.stats.record_round(self.block.tokens().len(), verdict.accepted);
         Ok(verdict)
     }

@@ -5,14 +5,19 @@
 //! (temperature, then top-k, then top-p): the seed's pitfall is a mismatch that silently biases
 //! the output. [`SamplingConfig::probs`] is that processing, used for both.
 
+use std::sync::Arc;
+
 use rand::{Rng, RngExt};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 
 mod coupled;
+mod process;
 
 pub use coupled::Noise;
+pub(crate) use process::{BuiltIns, Processors};
+pub use process::{Counts, History, LogitsProcessor, ProcessorFactory};
 
 /// Temperature, top-k, top-p and seed, validated when built.
 ///
@@ -26,13 +31,47 @@ pub use coupled::Noise;
 /// assert!(SamplingConfig::new(-1.0).is_err());
 /// # Ok::<(), specdec::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Clone, Serialize)]
 pub struct SamplingConfig {
     temperature: f32,
     top_k: Option<usize>,
     top_p: Option<f32>,
+    min_p: Option<f32>,
     seed: u64,
     coupled: bool,
+    /// Penalties, logit bias and banned tokens (see [`process`](self::LogitsProcessor)).
+    #[serde(flatten)]
+    builtins: BuiltIns,
+    /// Custom processors, made anew for each sequence.
+    #[serde(skip)]
+    processors: Vec<ProcessorFactory>,
+}
+
+impl std::fmt::Debug for SamplingConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplingConfig")
+            .field("temperature", &self.temperature)
+            .field("top_k", &self.top_k)
+            .field("top_p", &self.top_p)
+            .field("min_p", &self.min_p)
+            .field("seed", &self.seed)
+            .field("coupled", &self.coupled)
+            .field("builtins", &self.builtins)
+            .field("processors", &self.processors.len())
+            .finish()
+    }
+}
+
+impl PartialEq for SamplingConfig {
+    /// Equal settings, and the same custom processor factories (by identity).
+    fn eq(&self, other: &Self) -> bool {
+        let same_factories = self.processors.len() == other.processors.len()
+            && self.processors.iter().zip(&other.processors).all(|(a, b)| Arc::ptr_eq(a, b));
+        (self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.coupled)
+            == (other.temperature, other.top_k, other.top_p, other.min_p, other.seed, other.coupled)
+            && self.builtins == other.builtins
+            && same_factories
+    }
 }
 
 impl Default for SamplingConfig {
@@ -45,7 +84,16 @@ impl Default for SamplingConfig {
 impl SamplingConfig {
     /// Greedy decoding (temperature 0).
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0, coupled: false }
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            seed: 0,
+            coupled: false,
+            builtins: BuiltIns::default(),
+            processors: Vec::new(),
+        }
     }
 
     /// Sampling at `temperature` (0 = greedy).
@@ -81,6 +129,109 @@ impl SamplingConfig {
         }
         self.top_p = if p < 1.0 { Some(p) } else { None };
         Ok(self)
+    }
+
+    /// Drop the tokens less likely than `p` times the most likely one (min-p sampling),
+    /// after temperature and top-k, before top-p.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `p` is not in [0, 1].
+    pub fn with_min_p(mut self, p: f32) -> Result<Self> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::setting("min_p", p, "a number in [0, 1]"));
+        }
+        self.min_p = (p > 0.0).then_some(p);
+        Ok(self)
+    }
+
+    /// The repetition penalty (HF, llama.cpp): every token of the prompt and the output has
+    /// its logit divided by `penalty` when positive, multiplied when negative (1 = none).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `penalty` is not a finite number > 0.
+    pub fn with_repetition_penalty(mut self, penalty: f32) -> Result<Self> {
+        if !(penalty.is_finite() && penalty > 0.0) {
+            return Err(Error::setting("repetition_penalty", penalty, "a finite number > 0 (1 = none)"));
+        }
+        self.builtins.repetition = (penalty != 1.0).then_some(penalty);
+        Ok(self)
+    }
+
+    /// The presence penalty (OpenAI): a token that occurs in the output so far loses
+    /// `penalty` from its logit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `penalty` is not finite.
+    pub fn with_presence_penalty(mut self, penalty: f32) -> Result<Self> {
+        if !penalty.is_finite() {
+            return Err(Error::setting("presence_penalty", penalty, "a finite number (0 = none)"));
+        }
+        self.builtins.presence = penalty;
+        Ok(self)
+    }
+
+    /// The frequency penalty (OpenAI): a token loses `penalty` times its count in the output so
+    /// far from its logit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `penalty` is not finite.
+    pub fn with_frequency_penalty(mut self, penalty: f32) -> Result<Self> {
+        if !penalty.is_finite() {
+            return Err(Error::setting("frequency_penalty", penalty, "a finite number (0 = none)"));
+        }
+        self.builtins.frequency = penalty;
+        Ok(self)
+    }
+
+    /// Adds `bias` to `token`'s logit (OpenAI `logit_bias`; a second bias on a token adds to
+    /// the first). Token ids are checked against the vocabulary when a decoder is built.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when `bias` is not finite (ban a token with
+    /// [`with_banned`](Self::with_banned)).
+    pub fn with_logit_bias(mut self, token: u32, bias: f32) -> Result<Self> {
+        if !bias.is_finite() {
+            return Err(Error::setting("logit_bias", bias, "a finite number"));
+        }
+        self.builtins.bias.push((token, bias));
+        Ok(self)
+    }
+
+    /// Never emit these tokens (their logits become `-inf`; a drafted one ends the block).
+    pub fn with_banned(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
+        self.builtins.banned.extend(tokens);
+        self
+    }
+
+    /// Adds a custom processor (see [`LogitsProcessor`]): `factory` makes a fresh one for
+    /// each sequence. Processors run after the built-ins, in the order added.
+    pub fn with_processor(mut self, factory: ProcessorFactory) -> Self {
+        self.processors.push(factory);
+        self
+    }
+
+    /// True when any processor (a built-in or a custom one) changes the rows.
+    pub fn has_processors(&self) -> bool {
+        !self.builtins.is_empty() || !self.processors.is_empty()
+    }
+
+    /// A fresh set of this sequence's processors.
+    pub(crate) fn processors(&self) -> Processors {
+        Processors::new(self.builtins.clone(), &self.processors)
+    }
+
+    /// Checks the token ids the settings name against a vocabulary of `vocab` tokens.
+    pub(crate) fn check(&self, vocab: usize) -> Result<()> {
+        let ids = self.builtins.bias.iter().map(|&(t, _)| t).chain(self.builtins.banned.iter().copied());
+        match ids.into_iter().find(|&t| t as usize >= vocab) {
+            Some(token) => Err(Error::TokenOutOfRange { token, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// The min-p setting, if any.
+    pub fn min_p(&self) -> Option<f32> {
+        self.min_p
     }
 
     /// The seed of the decoder's random number generator.
@@ -138,7 +289,9 @@ impl SamplingConfig {
     }
 
     /// Turns a logits row into the probability row these settings sample from, written to `out`:
-    /// divide by the temperature, keep the top-k, softmax, keep the top-p nucleus, renormalize.
+    /// divide by the temperature, keep the top-k, softmax, drop what min-p drops, keep the top-p
+    /// nucleus, renormalize (processors, if any, have run on the row before: see
+    /// [`LogitsProcessor`]).
     /// Ties are broken by the lower token id, so the result is a pure function of the row.
     /// `-inf` logits are allowed (masked tokens); NaN and `+inf` are not.
     ///
@@ -169,6 +322,14 @@ impl SamplingConfig {
         if let Some(c) = cutoff {
             for (i, (w, &x)) in out.iter_mut().zip(logits).enumerate() {
                 if !ranks_above(x, i, c) {
+                    *w = 0.0;
+                }
+            }
+        }
+        if let Some(min_p) = self.min_p {
+            // The weights are relative to the most likely kept token (its weight is 1).
+            for w in out.iter_mut() {
+                if *w < min_p {
                     *w = 0.0;
                 }
             }
