@@ -126,6 +126,8 @@ pub mod draft;
 #[cfg(feature = "llama")]
 pub mod drafter;
 pub mod error;
+#[cfg(feature = "grammar")]
+pub mod grammar;
 #[cfg(feature = "heads")]
 pub mod heads;
 pub mod kernel;

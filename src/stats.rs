@@ -101,6 +101,11 @@ pub struct Stats {
     pub rejections: usize,
     /// Rounds that drafted a tree (the others drafted a chain or none).
     pub tree_rounds: usize,
+    /// Tokens the logits processors forced (a grammar's fast-forward), emitted with no draft
+    /// call; those inside a drafted block also count as drafted and accepted.
+    pub forced_tokens: usize,
+    /// Seconds spent in the logits processors (masks, penalties), draft and target rows.
+    pub process_secs: f64,
     /// Seconds spent in the prefill of both models.
     pub prefill_secs: f64,
     /// Seconds spent in draft calls.
@@ -220,6 +225,8 @@ impl std::ops::AddAssign<&Stats> for Stats {
         self.accepted += o.accepted;
         self.rejections += o.rejections;
         self.tree_rounds += o.tree_rounds;
+        self.forced_tokens += o.forced_tokens;
+        self.process_secs += o.process_secs;
         self.prefill_secs += o.prefill_secs;
         self.draft_secs += o.draft_secs;
         self.target_secs += o.target_secs;

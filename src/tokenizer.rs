@@ -144,6 +144,31 @@ impl Tokenizer {
         self.inner.to_string(false).map_err(tok_err)
     }
 
+    /// The tokenizer without the space some add before a text (a `Prepend` normalizer, a
+    /// Metaspace pre-tokenizer that prepends): what tokenizes text in the middle of an output.
+    #[cfg(feature = "grammar")]
+    pub(crate) fn plain_encoder(&self) -> Result<tokenizers::Tokenizer> {
+        fn strip(v: &mut Json) {
+            if let Some(list) = v.get_mut("normalizers").and_then(Json::as_array_mut) {
+                list.retain(|n| n["type"] != "Prepend");
+                list.iter_mut().for_each(strip);
+            }
+            if let Some(list) = v.get_mut("pretokenizers").and_then(Json::as_array_mut) {
+                list.iter_mut().for_each(strip);
+            }
+            if v["type"] == "Metaspace" {
+                v["prepend_scheme"] = json!("never");
+            }
+        }
+        let mut json: Json = serde_json::from_str(&self.to_json()?).map_err(tok_err)?;
+        if json["normalizer"]["type"] == "Prepend" {
+            json["normalizer"] = Json::Null;
+        }
+        strip(&mut json["normalizer"]);
+        strip(&mut json["pre_tokenizer"]);
+        tokenizers::Tokenizer::from_str(&json.to_string()).map_err(tok_err)
+    }
+
     /// Wraps a user message in the ChatML template (`<|im_start|>user ... <|im_start|>assistant`)
     /// when the vocabulary has those tokens, with the model's default system prompt if its
     /// template has one; otherwise returns the message unchanged.

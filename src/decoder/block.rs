@@ -61,7 +61,7 @@ impl ChainBlock {
         let history = History { drafted: &self.tokens, ..ctx };
         let (token, dense) = match proposal {
             Proposal::Nothing => return Ok(false),
-            Proposal::Token(t) if procs.forbids(t) => return Ok(false),
+            Proposal::Token(t) if procs.forbids(&history, t)? => return Ok(false),
             Proposal::Token(t) => (t, false),
             Proposal::Logits(row) if row.len() != vocab => {
                 return Err(Error::BadModelOutput { model: "draft", what: "logits", expected: vocab, got: row.len() });
@@ -81,6 +81,17 @@ impl ChainBlock {
         }
         self.tokens.push(token);
         self.dense.push(dense);
+        Ok(true)
+    }
+
+    /// Appends the token the processors force after the history `ctx` plus the block so far,
+    /// if they force one (a point mass the target's row, processed alike, will accept).
+    pub fn push_forced(&mut self, procs: &mut Processors, ctx: History) -> Result<bool> {
+        let history = History { drafted: &self.tokens, ..ctx };
+        let Some(token) = procs.forced(&history)? else { return Ok(false) };
+        self.q_rows.resize_with(self.q_rows.len().max(self.tokens.len() + 1), Vec::new);
+        self.tokens.push(token);
+        self.dense.push(false);
         Ok(true)
     }
 

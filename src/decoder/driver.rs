@@ -73,6 +73,9 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         let mut chains = Vec::with_capacity(self.members.len());
         for i in 0..self.members.len() {
             let m = &mut self.members[i];
+            if m.seq.finish().is_none() {
+                m.seq.fast_forward()?;
+            }
             if m.seq.finish().is_some() {
                 continue;
             }
@@ -123,8 +126,19 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         let (mut busy, mut scored) = (0.0, 0);
         let depth = ks.iter().copied().max().unwrap_or(0);
         for j in 0..depth {
-            let active: Vec<usize> =
-                idx.iter().zip(ks).filter(|&(&i, &k)| k > j && self.members[i].drafting).map(|(&i, _)| i).collect();
+            // Tokens the processors force need no draft call.
+            for (&i, &k) in idx.iter().zip(ks) {
+                let m = &mut self.members[i];
+                if k > j && m.drafting && m.seq.force_block(k)? {
+                    m.drafting = false;
+                }
+            }
+            let active: Vec<usize> = idx
+                .iter()
+                .zip(ks)
+                .filter(|&(&i, &k)| k > self.members[i].seq.block.tokens().len() && self.members[i].drafting)
+                .map(|(&i, _)| i)
+                .collect();
             if active.is_empty() {
                 break;
             }
@@ -132,7 +146,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             let proposals = {
                 let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(active.len());
                 for &i in &active {
-                    feeds.push(self.members[i].seq.draft_feed()?.to_vec());
+                    feeds.push(self.members[i].seq.draft_feed()?);
                 }
                 let mut drafts: Vec<&mut D> = Vec::with_capacity(active.len());
                 for (i, m) in self.members.iter_mut().enumerate() {
@@ -163,7 +177,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         self.fault.stale_q(&mut self.members);
         let start = self.clock.seconds();
         let logits = {
-            let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(idx.len());
+            let mut feeds: Vec<(Vec<u32>, usize)> = Vec::with_capacity(idx.len());
             for &i in idx {
                 feeds.push(self.members[i].seq.target_feed()?);
             }
@@ -173,7 +187,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
                     targets.push(&mut m.seq.target);
                 }
             }
-            let calls: Vec<(&[u32], usize)> = feeds.iter().map(|f| (f.as_slice(), f.len())).collect();
+            let calls: Vec<(&[u32], usize)> = feeds.iter().map(|(f, rows)| (f.as_slice(), *rows)).collect();
             T::forward_batch(&mut targets, &calls)?
         };
         let secs = self.clock.seconds() - start;

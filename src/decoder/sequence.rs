@@ -149,16 +149,57 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.block.clear(self.ctx.len(), self.noise);
     }
 
-    /// What the draft is fed next: the last drafted token, or the tokens it has not seen.
-    pub fn draft_feed(&self) -> Result<&[u32]> {
-        draft_input(&self.block, &self.ctx, self.draft.context_len())
+    /// What the draft is fed next: the tokens of the context and the block it has not seen
+    /// (the last drafted token, or more after forced tokens or a plain round).
+    pub fn draft_feed(&self) -> Result<Vec<u32>> {
+        let seen = self.draft.context_len();
+        let block = self.block.tokens();
+        if seen >= self.ctx.len() && !block.is_empty() {
+            let from = (seen - self.ctx.len()).min(block.len());
+            return Ok(block[from..].to_vec());
+        }
+        let mut feed = pending(&self.ctx, seen, "draft")?.to_vec();
+        feed.extend_from_slice(block);
+        Ok(feed)
     }
 
-    /// What the target scores: the pending token(s), then the drafts.
-    pub fn target_feed(&self) -> Result<Vec<u32>> {
+    /// What the target scores: the pending token(s), then the drafts; and how many rows it
+    /// returns (one per draft, and one after the last token).
+    pub fn target_feed(&self) -> Result<(Vec<u32>, usize)> {
         let mut feed = pending(&self.ctx, self.target.context_len(), "target")?.to_vec();
         feed.extend_from_slice(self.block.tokens());
-        Ok(feed)
+        Ok((feed, self.block.tokens().len() + 1))
+    }
+
+    /// Keeps the tokens the processors force after the context, with no model call (a plain
+    /// decoder with the same processors would draw each with probability 1), until one is not
+    /// forced or the generation ends. Returns how many.
+    pub fn fast_forward(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while self.finish.is_none() {
+            let (prompt, generated) = self.ctx.split_at(self.prompt_len);
+            let history = History { prompt, generated, drafted: &[] };
+            let Some(t) = self.procs.forced(&history)? else { break };
+            self.keep(&[t]);
+            n += 1;
+        }
+        self.stats.forced_tokens += n;
+        self.stats.process_secs = self.procs.secs;
+        Ok(n)
+    }
+
+    /// Appends to the block the tokens the processors force after it, while the block is
+    /// shorter than `k`; they need no draft call. True when the block ends with a stop token.
+    pub fn force_block(&mut self, k: usize) -> Result<bool> {
+        let ctx =
+            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        while self.block.tokens().len() < k && self.block.push_forced(&mut self.procs, ctx)? {
+            self.stats.forced_tokens += 1;
+            if self.block.tokens().last().is_some_and(|t| self.stop.stop_tokens.contains(t)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Counts a draft call of `secs` and turns its proposal into the block's next token (see
@@ -182,6 +223,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
         let verdict = self.block.judge(logits, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)?;
         self.stats.record_round(self.block.tokens().len(), verdict.accepted);
+        self.stats.process_secs = self.procs.secs;
         Ok(verdict)
     }
 
@@ -229,15 +271,6 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             finish: self.finish.unwrap_or(FinishReason::Length),
             stats: self.stats.clone(),
         }
-    }
-}
-
-/// What a draft that holds `seen` tokens of `ctx` is fed next: the block's last drafted token,
-/// or, for the round's first call, the context's tokens it has not seen.
-fn draft_input<'a>(block: &'a ChainBlock, ctx: &'a [u32], seen: usize) -> Result<&'a [u32]> {
-    match block.tokens().last() {
-        Some(t) => Ok(std::slice::from_ref(t)),
-        None => pending(ctx, seen, "draft"),
     }
 }
 

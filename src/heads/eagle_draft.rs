@@ -84,10 +84,14 @@ impl EagleDraft {
             out = Some(states.narrow(0, known - start - 1, 1)?);
         }
         let own = &paired[known - start..];
-        match (own.len(), out.take().or_else(|| self.last.take())) {
-            (0, o) => out = o,
-            (1, Some(prev)) => out = Some(self.run_chain(own, HeadInput::Own(prev))?),
-            _ => return Err(Error::NotReady("the draft head is ahead of the target's recorded hidden states")),
+        // Tokens past the target's states (drafted, or forced by a grammar) run on the head's
+        // own states, one after another.
+        out = out.or_else(|| self.last.take());
+        for t in own {
+            let Some(prev) = out.take() else {
+                return Err(Error::NotReady("the draft head is ahead of the target's recorded hidden states"));
+            };
+            out = Some(self.run_chain(std::slice::from_ref(t), HeadInput::Own(prev))?);
         }
         self.held += tokens.len();
         self.last = out.clone();

@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::error::Result;
 
@@ -76,6 +77,28 @@ pub trait LogitsProcessor: Send + Debug {
     /// Whatever the processor cannot do (a typed error stops the generation; the decoder
     /// stays usable).
     fn process(&mut self, history: &History, logits: &mut [f32]) -> Result<()>;
+
+    /// The one token this processor leaves after `history`, whatever the row, if there is
+    /// one (a grammar's forced token). The decoders then emit it without a model call: a plain
+    /// decoder with the same processor would draw it with probability 1. The default: none.
+    ///
+    /// # Errors
+    /// As [`process`](Self::process).
+    fn forced(&mut self, history: &History) -> Result<Option<u32>> {
+        let _ = history;
+        Ok(None)
+    }
+
+    /// False when this processor masks `token` after `history` whatever the row (a grammar's
+    /// forbidden token): a point-mass draft of it would only waste a verification row. The
+    /// default: true.
+    ///
+    /// # Errors
+    /// As [`process`](Self::process).
+    fn allows(&mut self, history: &History, token: u32) -> Result<bool> {
+        let _ = (history, token);
+        Ok(true)
+    }
 }
 
 /// Makes a fresh processor for each sequence (each generation of a decoder, each request of a
@@ -163,6 +186,8 @@ pub(crate) struct Processors {
     context: Counts,
     output: Counts,
     scratch: Vec<f32>,
+    /// Seconds spent in the processors.
+    pub secs: f64,
 }
 
 impl Processors {
@@ -175,10 +200,40 @@ impl Processors {
         self.builtins.is_empty() && self.custom.is_empty()
     }
 
-    /// True when `token` is masked whatever the row (banned, or biased to `-inf`): a point-mass
-    /// draft of it would only waste a verification row.
-    pub fn forbids(&self, token: u32) -> bool {
-        self.builtins.banned.contains(&token)
+    /// True when `token` is masked after `history` whatever the row (banned, or refused by a
+    /// custom processor): a point-mass draft of it would only waste a verification row.
+    pub fn forbids(&mut self, history: &History, token: u32) -> Result<bool> {
+        if self.builtins.banned.contains(&token) {
+            return Ok(true);
+        }
+        let start = Instant::now();
+        let mut allowed = true;
+        for p in &mut self.custom {
+            allowed = allowed && p.allows(history, token)?;
+        }
+        self.secs += start.elapsed().as_secs_f64();
+        Ok(!allowed)
+    }
+
+    /// The token the processors force after `history`, if one does and no other processor
+    /// masks it (then the processed law is a point mass on it, whatever the row).
+    pub fn forced(&mut self, history: &History) -> Result<Option<u32>> {
+        if self.custom.is_empty() {
+            return Ok(None);
+        }
+        let start = Instant::now();
+        let mut forced = None;
+        for p in &mut self.custom {
+            if let Some(t) = p.forced(history)? {
+                forced = Some(t);
+                break;
+            }
+        }
+        self.secs += start.elapsed().as_secs_f64();
+        match forced {
+            Some(t) if !self.forbids(history, t)? => Ok(Some(t)),
+            _ => Ok(None),
+        }
     }
 
     /// The row processed for `history` (the row itself when nothing changes it).
@@ -186,6 +241,7 @@ impl Processors {
         if self.is_empty() {
             return Ok(row);
         }
+        let start = Instant::now();
         self.scratch.clear();
         self.scratch.extend_from_slice(row);
         let b = &self.builtins;
@@ -219,6 +275,7 @@ impl Processors {
         for p in &mut self.custom {
             p.process(history, out)?;
         }
+        self.secs += start.elapsed().as_secs_f64();
         Ok(&self.scratch)
     }
 }
@@ -256,7 +313,7 @@ mod tests {
         assert_eq!(out[2], -4.0 - 0.5 - 0.5);
         assert_eq!(out[3], f32::NEG_INFINITY);
         assert_eq!(out[4], 3.0);
-        assert!(p.forbids(3) && !p.forbids(4));
+        assert!(p.forbids(&h, 3)? && !p.forbids(&h, 4)?);
         Ok(())
     }
 }

@@ -1,0 +1,288 @@
+//! Grammars under speculation, on a toy vocabulary of 16 tokens: the speculative law equals
+//! the grammar-processed target law, enumerated here with fresh llguidance matchers (one per
+//! history, none of the crate's caching, roll-back or fast-forward), chi-square at 1e-6 for
+//! chains, coupled sampling, point-mass drafts, n-gram drafts, batches, a tree setting and
+//! plain decoding, with a power check near the detection limit; the processor's state after
+//! rejected rounds equals a fresh one fed the history; bad grammars are typed errors.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{assert_fits, assert_rejects, detection_limit, noncentrality, power};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use specdec::batch::{BatchDecoder, Request};
+use specdec::grammar::{Grammar, GrammarVocab};
+use specdec::sampling::{History, ProcessorFactory};
+use specdec::toy::{MarkovModel, PointDraft};
+use specdec::{
+    DraftModel, Error, KPolicy, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel,
+    TreeBudget, TreePolicy,
+};
+
+const EOS: u32 = 15;
+const SAMPLES: usize = 20_000;
+
+/// The toy vocabulary: several ways to write the same text, so that masks, forced tokens and
+/// non-canonical spellings all occur.
+fn words() -> Vec<Vec<u8>> {
+    let text = ["{", "\"", "{\"", "k", "\":", ":", "1", "2", "12", "}", "2}", "x", "a", "b", "ab"];
+    let mut w: Vec<Vec<u8>> = text.iter().map(|t| t.as_bytes().to_vec()).collect();
+    w.push(b"\xFF<eos>".to_vec());
+    w
+}
+
+/// The grammars: an object with a forced head (`{"k":`, three tokens) and a forced end of
+/// sequence, and a language of masks only (end of sequence where it accepts).
+fn cases() -> Vec<(&'static str, &'static str, usize, Vec<u32>)> {
+    vec![
+        ("object", r#"\{"k":[12]{1,3}\}"#, 6, vec![12, 13, 0, 2, 3, 4, 8, 9]),
+        ("letters", r"(a|b)+(x[12])?", 4, vec![12, 14, 11, 6, 13, 12]),
+    ]
+}
+
+/// llguidance's view of the toy vocabulary, built here apart from the crate.
+struct Greedy(TokTrie);
+
+impl TokenizerEnv for Greedy {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.0
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.0.greedy_tokenize(s)
+    }
+}
+
+/// The law a plain decoder follows under `regex`: at each history a fresh matcher fed the
+/// output; its forced token with probability 1 where it has one, else the target's row at
+/// `temperature` over the matcher's mask. Every finished output (end of sequence, or `max`
+/// tokens) with its probability.
+fn reference(
+    regex: &str,
+    target: &MarkovModel,
+    temperature: f64,
+    prompt: &[u32],
+    max: usize,
+) -> BTreeMap<Vec<u32>, f64> {
+    let words = words();
+    let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, EOS), &words);
+    let factory = ParserFactory::new_simple(&(Arc::new(Greedy(trie)) as _)).expect("factory");
+    let row = |out: &[u32]| -> Vec<f64> {
+        let parser = factory.create_parser(TopLevelGrammar::from_regex(regex)).expect("parser");
+        let mut m = Matcher::new(Ok(parser));
+        m.consume_tokens(out).expect("an allowed output");
+        let mut law = vec![0.0; words.len()];
+        if let Some(&t) = m.compute_ff_tokens().first() {
+            law[t as usize] = 1.0;
+            return law;
+        }
+        let mask = m.compute_mask_or_eos().expect("mask");
+        let ctx: Vec<u32> = prompt.iter().chain(out).copied().collect();
+        for (t, &p) in target.next_probs(&ctx).iter().enumerate() {
+            if mask.is_allowed(t as u32) {
+                law[t] = (f64::from(p).ln() / temperature).exp();
+            }
+        }
+        let total: f64 = law.iter().sum();
+        law.iter().map(|w| w / total).collect()
+    };
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(Vec::new(), 1.0)];
+    while let Some((seq, p)) = stack.pop() {
+        if seq.len() == max || seq.last() == Some(&EOS) {
+            *out.entry(seq).or_insert(0.0) += p;
+            continue;
+        }
+        for (t, &q) in row(&seq).iter().enumerate().filter(|(_, &q)| q > 0.0) {
+            let mut next = seq.clone();
+            next.push(t as u32);
+            stack.push((next, p * q));
+        }
+    }
+    out
+}
+
+fn compile(regex: &str) -> Result<ProcessorFactory> {
+    Grammar::regex(regex).compile(&GrammarVocab::from_token_bytes(words(), &[EOS])?)
+}
+
+fn models() -> (MarkovModel, MarkovModel) {
+    let target = MarkovModel::random(16, 2, 41);
+    let draft = target.noisy_copy(0.4, 42);
+    (target, draft)
+}
+
+/// Where `out` falls in `law`'s order (an output outside it fails the test).
+fn cell(law: &BTreeMap<Vec<u32>, f64>, out: &[u32]) -> usize {
+    let i = law.keys().position(|k| k == out);
+    i.unwrap_or_else(|| panic!("{out:?} is not an output the grammar allows"))
+}
+
+fn fits(what: &str, counts: &[u64], law: &BTreeMap<Vec<u32>, f64>) {
+    assert_fits(what, counts, &law.values().copied().collect::<Vec<_>>());
+}
+
+/// Counts of each output over [`SAMPLES`] generations, and the tokens drafted and forced.
+fn tally<T: TargetModel, D: DraftModel>(
+    law: &BTreeMap<Vec<u32>, f64>,
+    dec: &mut SpeculativeDecoder<T, D>,
+    prompt: &[u32],
+) -> Result<(Vec<u64>, usize, usize)> {
+    let mut counts = vec![0; law.len()];
+    let (mut drafted, mut forced) = (0, 0);
+    for _ in 0..SAMPLES {
+        let g = dec.generate(prompt)?;
+        counts[cell(law, &g.tokens)] += 1;
+        drafted += g.stats.drafted;
+        forced += g.stats.forced_tokens;
+    }
+    Ok((counts, drafted, forced))
+}
+
+#[test]
+fn every_decoder_follows_the_grammars_law() -> Result<()> {
+    let (target, draft) = models();
+    for (name, regex, max, prompt) in cases() {
+        for temperature in [1.0, 0.7] {
+            let law = reference(regex, &target, temperature, &prompt, max);
+            let cfg = SamplingConfig::new(temperature as f32)?.with_seed(17).with_processor(compile(regex)?);
+            let what = |how: &str| format!("{name}, temperature {temperature}, {how}");
+            let build = |cfg: SamplingConfig| {
+                SpeculativeDecoder::builder(target.clone(), draft.clone())
+                    .k(3)
+                    .sampling(cfg)
+                    .max_new_tokens(max)
+                    .stop_tokens([EOS])
+            };
+            let (c, drafted, forced) = tally(&law, &mut build(cfg.clone()).build()?, &prompt)?;
+            fits(&what("chain"), &c, &law);
+            assert!(drafted > 0 && forced > 0, "{drafted} drafted, {forced} forced");
+            fits(&what("coupled"), &tally(&law, &mut build(cfg.clone().coupled()).build()?, &prompt)?.0, &law);
+            let tree = TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?);
+            fits(&what("tree setting"), &tally(&law, &mut build(cfg.clone()).tree(tree).build()?, &prompt)?.0, &law);
+            let point = PointDraft::new(draft.clone(), 0.2);
+            let mut dec = SpeculativeDecoder::builder(target.clone(), point)
+                .k(3)
+                .sampling(cfg.clone())
+                .max_new_tokens(max)
+                .stop_tokens([EOS])
+                .build()?;
+            fits(&what("point-mass drafts"), &tally(&law, &mut dec, &prompt)?.0, &law);
+            let ngram = NGramDraft::with_range(16, 1, 3)?;
+            let mut dec = SpeculativeDecoder::builder(target.clone(), ngram)
+                .k(3)
+                .sampling(cfg.clone())
+                .max_new_tokens(max)
+                .stop_tokens([EOS])
+                .build()?;
+            let (c, drafted, _) = tally(&law, &mut dec, &prompt)?;
+            fits(&what("n-gram drafts"), &c, &law);
+            assert!(drafted > 0);
+            let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
+            let mut c = vec![0; law.len()];
+            for n in 0..SAMPLES / 8 {
+                for i in 0..8 {
+                    let r = Request::new(prompt.clone()).sampling(cfg.clone().with_seed((n * 8 + i) as u64));
+                    batch.add(target.clone(), draft.clone(), r.max_new_tokens(max).stop_tokens([EOS]))?;
+                }
+                for f in batch.run()? {
+                    c[cell(&law, &f.generation.tokens)] += 1;
+                }
+            }
+            fits(&what("batch"), &c, &law);
+            let mut plain = PlainDecoder::new(target.clone(), cfg.clone()).max_new_tokens(max).stop_tokens([EOS]);
+            let mut c = vec![0; law.len()];
+            for _ in 0..SAMPLES {
+                c[cell(&law, &plain.generate(&prompt)?.tokens)] += 1;
+            }
+            fits(&what("plain"), &c, &law);
+        }
+    }
+    Ok(())
+}
+
+/// The power check: the same battery rejects sampling at a temperature off by δ, where δ puts
+/// the law at about twice its detection limit, and the law fits its own reference.
+#[test]
+fn the_grammar_battery_rejects_a_temperature_just_past_its_detection_limit() -> Result<()> {
+    let (target, draft) = models();
+    let (_, regex, max, prompt) = cases().remove(1);
+    let exact = reference(regex, &target, 1.0, &prompt, max);
+    let (mut off, mut ratio, mut shifted) = (1.0, 0.0, BTreeMap::new());
+    for step in 1..400 {
+        off = 1.0 + 0.002 * step as f64;
+        shifted = reference(regex, &target, off, &prompt, max);
+        let (e, s): (Vec<f64>, Vec<f64>) = exact.keys().map(|k| (exact[k], shifted[k])).unzip();
+        let (lambda, df) = noncentrality(&e, &s, SAMPLES);
+        ratio = lambda / detection_limit(df);
+        if ratio >= 2.0 {
+            eprintln!("temperature {off}: {ratio:.2} times the detection limit, power {:.4}", power(df, lambda));
+            break;
+        }
+    }
+    assert!((2.0..3.0).contains(&ratio), "{ratio}");
+    let cfg = SamplingConfig::new(off as f32)?.with_seed(9).with_processor(compile(regex)?);
+    let mut dec =
+        SpeculativeDecoder::builder(target, draft).k(3).sampling(cfg).max_new_tokens(max).stop_tokens([EOS]).build()?;
+    let (c, _, _) = tally(&shifted, &mut dec, &prompt)?;
+    fits("temperature off by δ, against its own law", &c, &shifted);
+    assert_rejects("temperature off by δ", &c, &exact.values().copied().collect::<Vec<_>>());
+    Ok(())
+}
+
+#[test]
+fn the_grammars_state_after_rejected_rounds_equals_a_fresh_one_fed_the_history() -> Result<()> {
+    use rand::{RngExt, SeedableRng};
+    let factory = compile(r"(a|b)+(x[12])?")?;
+    let mut cached = factory();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut out: Vec<u32> = Vec::new();
+    let mut checked = 0;
+    for _ in 0..800 {
+        // A round: draft up to four allowed tokens, then keep a random prefix of them.
+        let keep = out.len();
+        for _ in 0..rng.random_range(1..5) {
+            let h = History { prompt: &[1], generated: &out, drafted: &[] };
+            let mut row = vec![0.0f32; 16];
+            cached.process(&h, &mut row)?;
+            let allowed: Vec<u32> = (0..16).filter(|&t| row[t as usize].is_finite()).collect();
+            let mut fresh = factory();
+            let mut fresh_row = vec![0.0f32; 16];
+            fresh.process(&h, &mut fresh_row)?;
+            assert_eq!(row, fresh_row, "after {out:?}");
+            assert_eq!(cached.forced(&h)?, fresh.forced(&h)?, "after {out:?}");
+            checked += 1;
+            let t = allowed[rng.random_range(0..allowed.len())];
+            if t == EOS {
+                break;
+            }
+            out.push(t);
+        }
+        out.truncate(rng.random_range(keep..=out.len()));
+        if rng.random_range(0..10) == 0 {
+            out.clear();
+        }
+    }
+    assert!(checked > 1000, "{checked}");
+    Ok(())
+}
+
+#[test]
+fn bad_grammars_are_typed_errors_before_any_work() -> Result<()> {
+    let vocab = GrammarVocab::from_token_bytes(words(), &[EOS])?;
+    for bad in [
+        Grammar::regex("(a|"),
+        Grammar::lark("start: undefined_rule"),
+        Grammar::json_schema(serde_json::json!({"type": 7})),
+    ] {
+        let compiled = bad.compile(&vocab);
+        assert!(matches!(compiled, Err(Error::Grammar(_))), "{bad:?}");
+    }
+    assert!(matches!(GrammarVocab::from_token_bytes(words(), &[]), Err(Error::Grammar(_))));
+    assert!(matches!(GrammarVocab::from_token_bytes(words(), &[99]), Err(Error::Grammar(_))));
+    Ok(())
+}
