@@ -6,7 +6,9 @@
 //! `scripts/fetch-models.sh` (target: f32, draft: its own Q4_1 weights) when present, else the
 //! hub pair SmolLM2-360M-Instruct (target) + SmolLM2-135M-Instruct (draft).
 //!
-//! `cargo run --release --example llama_spec -- --prompt "Tell me a story" --k 4 --json`
+//! `cargo run --release --example llama_spec -- --prompt "Tell me a story" --k 4 --report-json`;
+//! JSON output: `-- --json --prompt "A JSON object describing a cat"` (or `--json-schema FILE`,
+//! `--regex R`, `--grammar FILE.lark`).
 
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -15,6 +17,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
+use specdec::grammar::{Grammar, GrammarVocab};
 use specdec::{
     Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder,
     TextStream, Tokenizer, TreePolicy, WeightFormat,
@@ -114,9 +117,21 @@ struct Args {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// End with one JSON line summarizing the run.
+    /// Constrain the output to a JSON object (a grammar; see `specdec::grammar`).
     #[arg(long)]
     json: bool,
+    /// Constrain the output to JSON valid under the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// Constrain the output to text matching a regular expression.
+    #[arg(long, value_name = "R")]
+    regex: Option<String>,
+    /// Constrain the output to a Lark grammar in FILE (llguidance's dialect).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
+    /// End with one JSON line summarizing the run.
+    #[arg(long)]
+    report_json: bool,
 }
 
 const LOCAL_SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -212,6 +227,9 @@ fn main() -> Result<()> {
     for &(id, bias) in &args.logit_bias {
         sampling = sampling.with_logit_bias(id, bias)?;
     }
+    if let Some(grammar) = grammar(&args)? {
+        sampling = sampling.with_processor(grammar.compile(&GrammarVocab::new(&tokenizer)?)?);
+    }
     let stop = tokenizer.stop_ids();
 
     let mode = match (args.temperature == 0.0, sampling.is_coupled()) {
@@ -243,6 +261,27 @@ fn main() -> Result<()> {
     let spec_out = stream(&tokenizer, |on| spec.generate_with(&ids, on))?;
     let plain_out = plain.generate(&ids)?;
     report(&args, &target_files.name(), &draft_name, &tokenizer, &spec_out, &plain_out)
+}
+
+/// The grammar the flags ask for, if any (at most one).
+fn grammar(args: &Args) -> Result<Option<Grammar>> {
+    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let mut chosen = Vec::new();
+    if args.json {
+        chosen.push(Grammar::json());
+    }
+    if let Some(path) = &args.json_schema {
+        let schema = serde_json::from_str(&read(path)?).with_context(|| format!("{} is not JSON", path.display()))?;
+        chosen.push(Grammar::json_schema(schema));
+    }
+    if let Some(r) = &args.regex {
+        chosen.push(Grammar::regex(r));
+    }
+    if let Some(path) = &args.grammar {
+        chosen.push(Grammar::lark(&read(path)?));
+    }
+    anyhow::ensure!(chosen.len() <= 1, "--json, --json-schema, --regex and --grammar exclude each other");
+    Ok(chosen.pop())
 }
 
 /// Runs a generation, printing its text as tokens are accepted.
@@ -288,6 +327,21 @@ fn report(
     );
     let by_depth: Vec<String> = s.acceptance_by_depth().iter().map(|a| format!("{a:.2}")).collect();
     println!("acceptance by drafting depth: {}", by_depth.join(" "));
+    if grammar(args)?.is_some() {
+        let ms = 1e3 * s.process_secs / s.new_tokens.max(1) as f64;
+        println!(
+            "grammar: {} of {} tokens forced (no model call), {ms:.2} ms a token in the matcher",
+            s.forced_tokens, s.new_tokens
+        );
+        if args.json || args.json_schema.is_some() {
+            let text = tok.decode(&spec.tokens)?;
+            let valid = serde_json::from_str::<serde_json::Value>(text.trim()).is_ok();
+            println!(
+                "the output {} JSON",
+                if valid { "is valid" } else { "is NOT valid (cut short by --max-new-tokens?)" }
+            );
+        }
+    }
     let mode = if args.temperature == 0.0 { "greedy" } else { "coupled sampling" };
     match same_text {
         Some(true) => println!("{mode}: the speculative text equals plain decoding"),
@@ -296,13 +350,13 @@ fn report(
             println!("standard sampling: speculative and plain texts are different samples of the same distribution")
         }
     }
-    if args.json {
+    if args.report_json {
         let summary = json!({
             "target": target, "draft": draft, "k": args.k.parse::<usize>().map_or_else(|_| json!(args.k), |k| json!(k)), "mean_k": s.mean_k(), "temperature": args.temperature,
             "new_tokens": s.new_tokens, "plain_tok_s": p.tokens_per_sec(), "spec_tok_s": s.tokens_per_sec(),
             "speedup": speedup, "acceptance_rate": s.acceptance_rate(), "position_acceptance": s.position_acceptance(),
             "tokens_per_target_call": s.tokens_per_target_call(), "cost_ratio": s.cost_ratio(),
-            "predicted_speedup": s.predicted_speedup(), "greedy_match": same_text, "coupled": coupled, "device": args.device, "kernels": specdec::cpu::kernels().to_string(),
+            "predicted_speedup": s.predicted_speedup(), "greedy_match": same_text, "forced_tokens": s.forced_tokens, "coupled": coupled, "device": args.device, "kernels": specdec::cpu::kernels().to_string(),
         });
         println!("{summary}");
     }

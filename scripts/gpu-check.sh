@@ -142,7 +142,7 @@ example() { # name args...
 : >"$out/examples.err"
 example device_check --device cuda --model "$models_dir/tinyllamas-stories-260k-f32.gguf"
 # shellcheck disable=SC2086 # extra arguments are split on purpose
-example llama_spec --device cuda --json ${LLAMA_SPEC_ARGS:-}
+example llama_spec --device cuda --report-json ${LLAMA_SPEC_ARGS:-}
 # shellcheck disable=SC2086
 example spec_bench --device cuda --json ${SPEC_BENCH_ARGS:-}
 

@@ -64,6 +64,16 @@ impl<T: TargetModel> PlainDecoder<T> {
         self
     }
 
+    /// Replaces the sampling settings for the next generation and reseeds the random number
+    /// generator with their seed.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`](crate::Error::TokenOutOfRange) for a token the settings name
+    /// outside the vocabulary.
+    pub fn set_sampling(&mut self, sampling: SamplingConfig) -> Result<()> {
+        self.member_mut().seq.set_sampling(sampling)
+    }
+
     /// The target model.
     pub fn target(&self) -> &T {
         &self.member().seq.target

@@ -301,3 +301,48 @@ fn qwen_pair_greedy_with_processors_equals_plain() -> Result<()> {
     }
     Ok(())
 }
+
+/// The JSON benchmark (`benches/prompts/json.txt`, its schemas in `schemas/`): with each
+/// schema as a grammar, greedy speculative output with the 0.5B draft equals plain decoding
+/// with the same grammar, ends by itself, and validates against its schema (checked by the
+/// `jsonschema` crate, apart from the grammar).
+#[cfg(feature = "grammar")]
+#[test]
+fn qwen_pair_json_benchmark_output_is_schema_valid_and_equals_plain() -> Result<()> {
+    use specdec::grammar::{Grammar, GrammarVocab};
+    use specdec::FinishReason;
+    let Some((target, tok)) = load(QWEN_1_5B) else { return Ok(()) };
+    let Some((draft, _)) = load(QWEN_0_5B) else { return Ok(()) };
+    let vocab = GrammarVocab::new(&tok)?;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/prompts");
+    let lines = std::fs::read_to_string(format!("{dir}/json.txt"))?;
+    let (mut forced, mut total) = (0, 0);
+    for line in lines.lines().filter(|l| !l.trim().is_empty()) {
+        let (name, prompt) = line.split_once('\t').expect("SCHEMA<TAB>PROMPT");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/schemas/{name}.json"))?).expect("a schema");
+        let cfg = SamplingConfig::greedy().with_processor(Grammar::json_schema(schema.clone()).compile(&vocab)?);
+        let ids = tok.encode(&tok.chat_prompt(&prompt.replace("\\n", "\n")))?;
+        let plain = PlainDecoder::new(Llama::new(target.clone())?, cfg.clone())
+            .max_new_tokens(256)
+            .stop_tokens(tok.stop_ids())
+            .generate(&ids)?;
+        let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, Llama::new(draft.clone())?)
+            .sampling(cfg)
+            .max_new_tokens(256)
+            .stop_tokens(tok.stop_ids())
+            .build()?;
+        let out = spec.generate(&ids)?;
+        assert_same(&format!("JSON schema {name}"), &out, &plain, &tok);
+        assert_eq!(out.finish, FinishReason::Stop, "{name}: {}", tok.decode(&out.tokens)?);
+        let text = tok.decode(&out.tokens)?;
+        let value: serde_json::Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{name}: {e}: {text}"));
+        assert!(jsonschema::is_valid(&schema, &value), "{name}: {text} does not validate");
+        eprintln!("{name}: {} tokens, {} forced: {text}", out.stats.new_tokens, out.stats.forced_tokens);
+        (forced, total) = (forced + out.stats.forced_tokens, total + out.stats.new_tokens);
+    }
+    assert!(forced > 0, "no token was forced");
+    eprintln!("{forced} of {total} tokens forced");
+    Ok(())
+}

@@ -331,3 +331,40 @@ fn greedy_with_processors_equals_plain_with_them() -> Result<()> {
     }
     Ok(())
 }
+
+/// Greedy under a JSON grammar: speculative output equals plain decoding with the same grammar
+/// on SmolLM2 and Gemma 3 (GGUF tokenizers, byte-level and SentencePiece-style), and is JSON
+/// (or, cut by the length limit, a prefix of JSON).
+#[cfg(feature = "grammar")]
+#[test]
+fn greedy_with_a_json_grammar_equals_plain_with_it() -> Result<()> {
+    use specdec::grammar::{Grammar, GrammarVocab};
+    use specdec::FinishReason;
+    for (name, draft_format) in [(SMOLLM2, WeightFormat::Stored), (GEMMA3, "q8_0".parse()?)] {
+        let Some((target_w, tok)) = load(name, WeightFormat::F32) else { return Ok(()) };
+        let Some((draft_w, _)) = load(name, draft_format) else { return Ok(()) };
+        let ids = prompt_ids(&tok, &tok.chat_prompt("Describe a cat as a JSON object with its name, age and color."));
+        let cfg = SamplingConfig::greedy().with_processor(Grammar::json().compile(&GrammarVocab::new(&tok)?)?);
+        let plain = PlainDecoder::new(Llama::new(target_w.clone())?, cfg.clone())
+            .max_new_tokens(48)
+            .stop_tokens(tok.stop_ids())
+            .generate(&ids)?;
+        let text = tok.decode(&plain.tokens)?;
+        assert!(text.trim_start().starts_with('{'), "{name}: {text}");
+        if plain.finish == FinishReason::Stop {
+            serde_json::from_str::<serde_json::Value>(text.trim()).unwrap_or_else(|e| panic!("{name}: {e}: {text}"));
+        }
+        for k in [1, 4] {
+            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
+                .k(k)
+                .sampling(cfg.clone())
+                .max_new_tokens(48)
+                .stop_tokens(tok.stop_ids())
+                .build()?;
+            let out = spec.generate(&ids)?;
+            assert_same(&format!("{name} with a JSON grammar, k = {k}"), &out, &plain, &tok);
+            eprintln!("{name}, k = {k}: {} forced of {}: {text}", out.stats.forced_tokens, out.stats.new_tokens);
+        }
+    }
+    Ok(())
+}

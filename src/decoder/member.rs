@@ -45,9 +45,7 @@ impl<T: TargetModel, D: DraftModel> Member<T, D> {
     /// A sequence of `target` and `draft`, not yet started nor checked (see
     /// [`Sequence::check`]).
     pub fn new(id: SeqId, target: T, draft: D, s: Start) -> Self {
-        // Under logits processors, rounds draft chains: a tree's branches have histories of
-        // their own, which the processors would have to follow node by node.
-        let tree = if s.sampling.has_processors() { TreePolicy::Never } else { s.tree };
+        let tree = s.tree;
         let seq = Sequence::new(target, draft, s.sampling, s.stop, s.clock);
         let (acceptance, prober) = s.estimates;
         let ctl = SeqControl::new(s.policy, acceptance, prober);

@@ -239,6 +239,15 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
         Ok(&self.member().seq.ctx()[before..])
     }
 
+    /// Replaces the sampling settings for the next generation (a request's own temperature,
+    /// penalties or grammar) and reseeds the random number generator with their seed.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`] for a token the settings name outside the vocabulary.
+    pub fn set_sampling(&mut self, sampling: SamplingConfig) -> Result<()> {
+        self.member_mut().seq.set_sampling(sampling)
+    }
+
     /// Stops the current generation where it stands (its [`FinishReason`] becomes
     /// `Cancelled`); the next [`start`](Self::start) begins a new one.
     pub fn cancel(&mut self) {

@@ -77,6 +77,18 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stop.check(target)
     }
 
+    /// Replaces the sampling settings (checked against the vocabulary) and reseeds the random
+    /// number generator with their seed; the next generation uses them.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`] for a token the settings name outside the vocabulary.
+    pub fn set_sampling(&mut self, sampling: SamplingConfig) -> Result<()> {
+        sampling.check(self.target.vocab_size())?;
+        self.rng = StdRng::seed_from_u64(sampling.seed());
+        self.sampling = sampling;
+        Ok(())
+    }
+
     /// Starts a generation: checks the prompt, resets both models and feeds the target all but
     /// the prompt's last token (which the first round feeds). The draft is fed too when
     /// `prefill_draft`; otherwise its first draft call catches up on the context.
