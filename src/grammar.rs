@@ -4,16 +4,12 @@
 //! A compiled grammar is a [`ProcessorFactory`]: each sequence gets its own matcher, which
 //! follows the history it is handed (advancing on new tokens, rolling back rejected ones), so
 //! the decoders keep the law of plain decoding with the same grammar under speculation (see
-//! [`crate::sampling::LogitsProcessor`]). At each position the grammar allows:
-//! - the first of the matcher's *forced* tokens, alone, where the grammar leaves one byte
-//!   string (llguidance's fast-forward: keys, quotes, braces, schema boilerplate, written in
-//!   the tokenizer's canonical tokens);
-//! - otherwise the tokens of the matcher's mask, end-of-sequence tokens only where the grammar
-//!   accepts.
-//!
-//! Where one token is allowed the decoders emit it without a model call (see
-//! [`Stats::forced_tokens`](crate::Stats::forced_tokens)): plain decoding with the same grammar
-//! emits the same tokens, so the law is unchanged.
+//! [`crate::sampling::LogitsProcessor`]). At each position the row keeps the tokens of the
+//! matcher's mask (end-of-sequence tokens only where the grammar accepts). Where the grammar
+//! leaves one byte string (keys, quotes, braces, schema boilerplate), llguidance's mask allows
+//! only its canonical spelling, often a single token: the decoders then emit that token without
+//! a model call (see [`Stats::forced_tokens`](crate::Stats::forced_tokens)), as plain decoding
+//! with the same grammar would draw it with probability 1.
 //!
 //! The vocabulary's token bytes come from the tokenizer's JSON (llguidance's own reader);
 //! `toktrie_hf_tokenizers` would do the same but pins an older `tokenizers` than the crate's.
@@ -159,8 +155,6 @@ impl TokenizerEnv for VocabEnv {
 /// What the grammar allows at a position.
 #[derive(Debug)]
 enum Allowed {
-    /// One token, where the grammar forces it.
-    Forced(u32),
     /// The matcher's mask.
     Mask(SimpleVob),
     /// Anything: past a token the grammar refused (only after an end-of-sequence token, whose
@@ -171,7 +165,6 @@ enum Allowed {
 impl Allowed {
     fn only(&self) -> Option<u32> {
         match self {
-            Allowed::Forced(t) => Some(*t),
             Allowed::Mask(m) if m.num_set() == 1 => m.first_bit_set().map(|t| t as u32),
             _ => None,
         }
@@ -179,7 +172,6 @@ impl Allowed {
 
     fn allows(&self, token: u32) -> bool {
         match self {
-            Allowed::Forced(t) => *t == token,
             Allowed::Mask(m) => (token as usize) < m.len() && m.is_allowed(token),
             Allowed::Any => true,
         }
@@ -236,10 +228,7 @@ impl GrammarProcessor {
         let allowed = if took < rest.len() {
             Allowed::Any
         } else {
-            match m.compute_ff_tokens().first() {
-                Some(&t) => Allowed::Forced(t),
-                None => Allowed::Mask(m.compute_mask_or_eos().map_err(grammar_error)?),
-            }
+            Allowed::Mask(m.compute_mask_or_eos().map_err(grammar_error)?)
         };
         if let Allowed::Any = allowed {
             // Not a state of the matcher: never cached.
@@ -260,14 +249,6 @@ impl LogitsProcessor for GrammarProcessor {
         let vocab = self.vocab;
         match self.at(&output)? {
             Allowed::Any => {}
-            Allowed::Forced(t) => {
-                let t = *t as usize;
-                for (i, x) in logits.iter_mut().enumerate() {
-                    if i != t {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
             Allowed::Mask(mask) => {
                 for (i, x) in logits.iter_mut().enumerate() {
                     if i >= vocab || !mask.is_allowed(i as u32) {

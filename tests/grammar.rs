@@ -58,8 +58,7 @@ impl TokenizerEnv for Greedy {
 }
 
 /// The law a plain decoder follows under `regex`: at each history a fresh matcher fed the
-/// output; its forced token with probability 1 where it has one, else the target's row at
-/// `temperature` over the matcher's mask. Every finished output (end of sequence, or `max`
+/// output, and the target's row at `temperature` over the matcher's mask. Every finished output (end of sequence, or `max`
 /// tokens) with its probability.
 fn reference(
     regex: &str,
@@ -76,10 +75,6 @@ fn reference(
         let mut m = Matcher::new(Ok(parser));
         m.consume_tokens(out).expect("an allowed output");
         let mut law = vec![0.0; words.len()];
-        if let Some(&t) = m.compute_ff_tokens().first() {
-            law[t as usize] = 1.0;
-            return law;
-        }
         let mask = m.compute_mask_or_eos().expect("mask");
         let ctx: Vec<u32> = prompt.iter().chain(out).copied().collect();
         for (t, &p) in target.next_probs(&ctx).iter().enumerate() {

@@ -333,8 +333,8 @@ fn greedy_with_processors_equals_plain_with_them() -> Result<()> {
 }
 
 /// Greedy under a JSON grammar: speculative output equals plain decoding with the same grammar
-/// on SmolLM2 and Gemma 3 (GGUF tokenizers, byte-level and SentencePiece-style), and is JSON
-/// (or, cut by the length limit, a prefix of JSON).
+/// on SmolLM2 and Gemma 3 (GGUF tokenizers, byte-level and SentencePiece-style, and the same
+/// written as `tokenizer.json`), and is JSON (or, cut by the length limit, a prefix of JSON).
 #[cfg(feature = "grammar")]
 #[test]
 fn greedy_with_a_json_grammar_equals_plain_with_it() -> Result<()> {
@@ -354,6 +354,18 @@ fn greedy_with_a_json_grammar_equals_plain_with_it() -> Result<()> {
         if plain.finish == FinishReason::Stop {
             serde_json::from_str::<serde_json::Value>(text.trim()).unwrap_or_else(|e| panic!("{name}: {e}: {text}"));
         }
+        // The same tokenizer written as an HF `tokenizer.json` and read back: the same output.
+        let dir = std::env::temp_dir().join(format!("specdec-grammar-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("tokenizer.json"), tok.to_json()?)?;
+        let hf = Tokenizer::from_file(dir.join("tokenizer.json"))?;
+        std::fs::remove_dir_all(&dir)?;
+        let hf_cfg = SamplingConfig::greedy().with_processor(Grammar::json().compile(&GrammarVocab::new(&hf)?)?);
+        let hf_plain = PlainDecoder::new(Llama::new(target_w.clone())?, hf_cfg)
+            .max_new_tokens(48)
+            .stop_tokens(tok.stop_ids())
+            .generate(&ids)?;
+        assert_same(&format!("{name}, the grammar on the tokenizer.json"), &hf_plain, &plain, &tok);
         for k in [1, 4] {
             let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
                 .k(k)

@@ -18,7 +18,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
-use specdec::sampling::argmax;
+use specdec::grammar::{Grammar, GrammarVocab};
+use specdec::sampling::{argmax, ProcessorFactory};
 use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
 use specdec::{
     Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, SamplingConfig,
@@ -54,7 +55,9 @@ struct Args {
     /// Temperatures, comma-separated.
     #[arg(long, default_value = "0,0.8")]
     temperatures: String,
-    /// A file with one prompt per line (`\n` for a newline); default: four chat prompts.
+    /// A file with one prompt per line (`\n` for a newline); default: four chat prompts. A line
+    /// `SCHEMA<TAB>PROMPT` constrains its output to the JSON Schema `schemas/SCHEMA.json` next
+    /// to the file (`json` for any JSON object): `benches/prompts/json.txt`.
     #[arg(long)]
     prompts: Option<String>,
     /// Wrap prompts in the chat template.
@@ -137,7 +140,7 @@ fn main() -> Result<()> {
     let files = ModelFiles::resolve(&target_spec)?;
     let target_format: WeightFormat = args.target_format.parse()?;
     let (target, tok) = files.load(target_format, &device).with_context(|| format!("loading {target_spec}"))?;
-    let prompts = load_prompts(&args, &tok)?;
+    let (prompts, grammars) = load_prompts(&args, &tok)?;
     let mut stop = tok.stop_ids();
     if args.ignore_eos {
         stop.clear();
@@ -220,9 +223,32 @@ fn main() -> Result<()> {
                 // Plain and speculative alternate prompt by prompt, so that the machine's
                 // drifting speed affects both sides of each ratio alike.
                 let (mut plain, mut run) = (Run::default(), Run::default());
-                for p in &prompts {
+                for (p, grammar) in prompts.iter().zip(&grammars) {
+                    if grammars.iter().any(Option::is_some) {
+                        let cfg =
+                            grammar.as_ref().map_or(sampling.clone(), |g| sampling.clone().with_processor(g.clone()));
+                        plain_dec.set_sampling(cfg.clone())?;
+                        dec.set_sampling(cfg)?;
+                    }
                     plain.push(plain_dec.generate(p)?);
                     run.push(dec.generate(p)?);
+                }
+                if grammars.iter().any(Option::is_some) {
+                    let (s, p) = (sum(&run.stats), sum(&plain.stats));
+                    let valid = run
+                        .tokens
+                        .iter()
+                        .filter(|t| {
+                            tok.decode(t).is_ok_and(|x| serde_json::from_str::<serde_json::Value>(x.trim()).is_ok())
+                        })
+                        .count();
+                    eprintln!(
+                        "  {spec}: grammar: {:.1} % of tokens forced, {:.2} ms a token in the processors (plain: {:.2}), {valid} of {} outputs JSON",
+                        100.0 * s.forced_tokens as f64 / s.new_tokens.max(1) as f64,
+                        1e3 * s.process_secs / s.new_tokens.max(1) as f64,
+                        1e3 * p.process_secs / p.new_tokens.max(1) as f64,
+                        run.tokens.len()
+                    );
                 }
                 let rss_spec = rss_mb();
                 let speedups: Vec<f64> = run.tok_s.iter().zip(&plain.tok_s).map(|(s, p)| s / p).collect();
@@ -244,6 +270,8 @@ fn main() -> Result<()> {
                     "tree_rounds": total.tree_rounds, "rounds": total.target_calls,
                     "acceptance_by_depth": total.acceptance_by_depth(),
                     "measured_tok_s_chain_tree": dec.shape_chooser().rates(),
+                    "forced_share": total.forced_tokens as f64 / total.new_tokens.max(1) as f64,
+                    "process_ms_per_token": 1e3 * total.process_secs / total.new_tokens.max(1) as f64,
                 });
                 let by_depth: Vec<String> = total.acceptance_by_depth().iter().map(|a| format!("{a:.2}")).collect();
                 eprintln!("  {spec}: acceptance by depth {}", by_depth.join(" "));
@@ -352,8 +380,9 @@ fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
     s.split(',').map(|x| x.trim().parse::<T>().map_err(|_| anyhow::anyhow!("cannot parse `{x}`"))).collect()
 }
 
-fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
-    let texts: Vec<String> = match &args.prompts {
+/// The prompts' token ids, and for each its grammar if its line names a schema.
+fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<(Vec<Vec<u32>>, Vec<Option<ProcessorFactory>>)> {
+    let lines: Vec<String> = match &args.prompts {
         Some(path) => std::fs::read_to_string(path)?
             .lines()
             .filter(|l| !l.trim().is_empty())
@@ -361,7 +390,32 @@ fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
             .collect(),
         None => PROMPTS.iter().map(|s| s.to_string()).collect(),
     };
-    texts.iter().map(|t| Ok(tok.encode(&if args.chat { tok.chat_prompt(t) } else { t.clone() })?)).collect()
+    let dir = args.prompts.as_ref().and_then(|p| std::path::Path::new(p).parent().map(|d| d.join("schemas")));
+    let mut vocab = None;
+    let (mut ids, mut grammars) = (Vec::new(), Vec::new());
+    for line in &lines {
+        let (grammar, text) = match (line.split_once('\t'), &dir) {
+            (Some((name, text)), Some(dir)) => {
+                let grammar = match name {
+                    "json" => Grammar::json(),
+                    _ => {
+                        let path = dir.join(format!("{name}.json"));
+                        let schema =
+                            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                        Grammar::json_schema(serde_json::from_str(&schema)?)
+                    }
+                };
+                if vocab.is_none() {
+                    vocab = Some(GrammarVocab::new(tok)?);
+                }
+                (vocab.as_ref().map(|v| grammar.compile(v)).transpose()?, text)
+            }
+            _ => (None, line.as_str()),
+        };
+        ids.push(tok.encode(&if args.chat { tok.chat_prompt(text) } else { text.to_string() })?);
+        grammars.push(grammar);
+    }
+    Ok((ids, grammars))
 }
 
 /// T(m) in milliseconds and T(m)/T(1) for the target (as loaded) and its stored weights.
