@@ -100,6 +100,10 @@ pub enum Error {
     #[error("draft head does not fit the target: {what} is {head}, the target needs {target}")]
     HeadMismatch { what: String, head: String, target: String },
 
+    /// A chat template that does not parse or fails on the messages.
+    #[error("chat template: {0}")]
+    Template(String),
+
     /// A grammar that does not compile, or a matcher that failed.
     #[error("grammar: {0}")]
     Grammar(String),

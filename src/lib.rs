@@ -120,6 +120,8 @@ pub(crate) mod math;
 
 pub mod adaptive;
 pub mod batch;
+#[cfg(feature = "llama")]
+pub mod chat;
 pub mod cpu;
 pub mod decoder;
 pub mod draft;

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use candle_core::quantized::gguf_file::Value;
 use serde_json::{json, Value as Json};
 
+use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{BoxError, Error, Result};
 use crate::model::Vocabulary;
 
@@ -16,6 +17,8 @@ use crate::model::Vocabulary;
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_system: Option<String>,
+    /// The model's own chat template, when it has one.
+    template: Option<ChatTemplate>,
     /// The model's end-of-sequence ids, from its config (set when a model is loaded).
     eos: Vec<u32>,
 }
@@ -39,8 +42,7 @@ impl Tokenizer {
         let path = path.as_ref();
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::Tokenizer { message: format!("{}: {e}", path.display()), source: Some(e) })?;
-        let chat_system = None;
-        Ok(Self { inner, chat_system, eos: Vec::new() })
+        Ok(Self { inner, chat_system: None, template: None, eos: Vec::new() })
     }
 
     /// Rebuilds the tokenizer stored in GGUF metadata (`tokenizer.ggml.*`).
@@ -91,8 +93,13 @@ impl Tokenizer {
             }
         };
         let inner = tokenizers::Tokenizer::from_str(&json.to_string()).map_err(tok_err)?;
-        let template = md.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
-        Ok(Self { inner, chat_system: template.and_then(|t| default_system_prompt(t)), eos: Vec::new() })
+        let source = md.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
+        let text = |key: &str| id(key).and_then(|i| tokens.get(i as usize)).cloned().unwrap_or_default();
+        let template = source.map(|t| {
+            ChatTemplate::new(t.clone(), text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id"))
+        });
+        let chat_system = source.and_then(|t| default_system_prompt(t));
+        Ok(Self { inner, chat_system, template, eos: Vec::new() })
     }
 
     /// Text to token ids, with the model's start token when it wants one; special tokens written
@@ -169,20 +176,67 @@ impl Tokenizer {
         tokenizers::Tokenizer::from_str(&json.to_string()).map_err(tok_err)
     }
 
-    /// Wraps a user message in the ChatML template (`<|im_start|>user ... <|im_start|>assistant`)
-    /// when the vocabulary has those tokens, with the model's default system prompt if its
-    /// template has one; otherwise returns the message unchanged.
+    /// The model's chat template, if it came with one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// `messages` written out by the model's chat template, followed by the opening of the
+    /// assistant's turn, ready for [`encode`](Self::encode) (a start token the template writes
+    /// is left out when `encode` adds it). Without a template: ChatML or Gemma's turns where
+    /// the vocabulary has their tokens, else the messages' contents one after another.
+    ///
+    /// # Errors
+    /// [`Error::Template`] when the template fails (a role it refuses, an order it forbids).
+    pub fn chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        let Some(template) = &self.template else { return Ok(self.fallback_chat(messages)) };
+        let text = template.render(messages, true)?;
+        let adds_bos = self.inner.encode("", true).is_ok_and(|e| !e.get_ids().is_empty());
+        match text.strip_prefix(template.bos()).filter(|_| adds_bos && !template.bos().is_empty()) {
+            Some(rest) => Ok(rest.to_string()),
+            None => Ok(text),
+        }
+    }
+
+    /// The hard-coded turns, for models without a template.
+    fn fallback_chat(&self, messages: &[ChatMessage]) -> String {
+        let gemma = self.token_to_id("<start_of_turn>").is_some();
+        let chatml = self.token_to_id("<|im_start|>").is_some();
+        let mut out = String::new();
+        if chatml && !messages.iter().any(|m| m.role == "system") {
+            if let Some(s) = &self.chat_system {
+                out.push_str(&format!("<|im_start|>system\n{s}<|im_end|>\n"));
+            }
+        }
+        for m in messages {
+            match (gemma, chatml) {
+                (true, _) => {
+                    let role = if m.role == "assistant" { "model" } else { "user" };
+                    out.push_str(&format!("<start_of_turn>{role}\n{}<end_of_turn>\n", m.content));
+                }
+                (false, true) => out.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content)),
+                _ => out.push_str(&m.content),
+            }
+        }
+        match (gemma, chatml) {
+            (true, _) => out.push_str("<start_of_turn>model\n"),
+            (false, true) => out.push_str("<|im_start|>assistant\n"),
+            _ => {}
+        }
+        out
+    }
+
+    /// A user message in the model's chat template (see [`chat`](Self::chat)); the message
+    /// unchanged for a model with neither a template nor chat tokens. Where the template fails,
+    /// the hard-coded turns.
     pub fn chat_prompt(&self, user: &str) -> String {
-        if self.token_to_id("<start_of_turn>").is_some() {
-            // Gemma's turns (the encoder adds `<bos>` itself).
-            return format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n");
+        let messages = [ChatMessage::new("user", user)];
+        if self.template.is_some() {
+            if let Ok(text) = self.chat(&messages) {
+                return text;
+            }
         }
-        if self.token_to_id("<|im_start|>").is_none() {
-            return user.to_string();
-        }
-        let system =
-            self.chat_system.as_ref().map(|s| format!("<|im_start|>system\n{s}<|im_end|>\n")).unwrap_or_default();
-        format!("{system}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+        self.fallback_chat(&messages)
     }
 
     /// The ids of the tokens added to the model's vocabulary beside the learned ones: the
@@ -206,6 +260,13 @@ impl Tokenizer {
             }
         }
         ids
+    }
+
+    /// The tokenizer with a chat template (read from a model folder's `tokenizer_config.json`).
+    pub(crate) fn with_chat_template(mut self, template: ChatTemplate) -> Self {
+        self.chat_system = default_system_prompt(template.source());
+        self.template = Some(template);
+        self
     }
 
     /// The tokenizer with the model's end-of-sequence ids (see [`stop_ids`](Self::stop_ids)).

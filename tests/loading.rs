@@ -80,6 +80,14 @@ fn safetensors_folder_and_hub_cache_generate_what_the_gguf_does() -> Result<()> 
     write_hf_checkpoint(&gguf, &dir)?;
     assert_eq!(greedy(&ModelFiles::HfDir(dir.clone()), "Once upon a time")?, expected);
     assert_eq!(greedy(&ModelFiles::resolve(dir.to_str().expect("utf-8 path"))?, "Once upon a time")?, expected);
+    // A folder's `tokenizer_config.json` brings its chat template and special tokens.
+    let template = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}";
+    let config = serde_json::json!({"chat_template": template, "bos_token": {"content": "<s>"}, "eos_token": "</s>"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string())?;
+    let tok = ModelFiles::HfDir(dir.clone()).tokenizer()?;
+    let rendered = tok.chat_template().map(|t| t.render(&[specdec::chat::ChatMessage::new("user", "hi")], false));
+    assert_eq!(rendered.transpose()?.as_deref(), Some("<s>[user] hi</s>"));
+    std::fs::remove_file(dir.join("tokenizer_config.json"))?;
 
     // The same files in the hub cache layout: models--org--name/{refs/main, snapshots/<rev>/}.
     let cache = temp_dir("hub");

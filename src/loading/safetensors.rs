@@ -7,6 +7,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::safetensors::BufferedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use crate::chat::ChatTemplate;
 use crate::error::{Error, Result};
 use crate::models::config::{HfConfig, LlamaConfig};
 use crate::models::tensors::{to_interleaved, TensorSource};
@@ -98,7 +99,11 @@ impl SafetensorsDir {
     /// # Errors
     /// [`Error::Tokenizer`] when it is missing or unreadable.
     pub fn tokenizer(&self) -> Result<Tokenizer> {
-        Tokenizer::from_file(self.dir.join("tokenizer.json"))
+        let tok = Tokenizer::from_file(self.dir.join("tokenizer.json"))?;
+        Ok(match chat_template(&self.dir.join("tokenizer_config.json"))? {
+            Some(template) => tok.with_chat_template(template),
+            None => tok,
+        })
     }
 
     fn hf_name(&self, name: &str) -> Option<String> {
@@ -163,4 +168,28 @@ impl TensorSource for SafetensorsDir {
 pub fn interleaved_to_hf(w: &Tensor, heads: usize) -> Result<Tensor> {
     let (out, inp) = w.dims2()?;
     Ok(w.reshape((heads, out / heads / 2, 2, inp))?.transpose(1, 2)?.contiguous()?.reshape((out, inp))?)
+}
+
+/// The chat template of a folder's `tokenizer_config.json` (`chat_template`: a string, or a list
+/// of named templates whose `default` is taken), with its `bos_token` and `eos_token` (strings,
+/// or objects with a `content`). None without the file or the key.
+fn chat_template(path: &Path) -> Result<Option<ChatTemplate>> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(None) };
+    let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::load_from(path, "not JSON", e))?;
+    let source = match &config["chat_template"] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(list) => {
+            let named = |n: &serde_json::Value| n["name"] == "default";
+            match list.iter().find(|n| named(n)).and_then(|n| n["template"].as_str()) {
+                Some(s) => s.to_string(),
+                None => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    let token = |key: &str| match &config[key] {
+        serde_json::Value::String(s) => s.clone(),
+        v => v["content"].as_str().unwrap_or_default().to_string(),
+    };
+    Ok(Some(ChatTemplate::new(source, token("bos_token"), token("eos_token"))))
 }
