@@ -152,7 +152,7 @@ pub mod tree;
 pub use adaptive::{KController, KPolicy, RoundReport, ShapeChooser, TreePolicy};
 pub use batch::{BatchDecoder, Request, SeqId};
 pub use decoder::{DecoderBuilder, SpeculativeDecoder};
-pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabMap, VocabPair};
+pub use draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, SuffixCache, SuffixDraft, VocabMap, VocabPair};
 #[cfg(feature = "llama")]
 pub use drafter::{Drafter, DrafterSpec, DRAFT_VOCAB};
 pub use error::{Error, Result};

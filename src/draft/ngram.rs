@@ -92,7 +92,7 @@ impl NGramDraft {
 /// n-token suffix occurs ending at `i`, so the longest length wins and, among equals, the first
 /// found (the most recent). Most positions fail on their first token, so the scan costs about
 /// one comparison per context token (a few microseconds for thousands of tokens).
-fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<(usize, usize)> {
+pub(crate) fn longest_suffix_match(ctx: &[u32], min_n: usize, max_n: usize) -> Option<(usize, usize)> {
     let (&last, head) = ctx.split_last()?;
     let mut best: Option<(usize, usize)> = None;
     for i in (0..head.len()).rev().filter(|&i| head[i] == last) {
@@ -115,7 +115,7 @@ fn match_len(ctx: &[u32], i: usize, max_n: usize) -> usize {
 
 /// The ends of up to `n` earlier occurrences of a suffix of `ctx` (of `min_n..=max_n` tokens)
 /// that are followed by different tokens: longest match first, the most recent among equals.
-fn distinct_matches(ctx: &[u32], min_n: usize, max_n: usize, n: usize) -> Vec<usize> {
+pub(crate) fn distinct_matches(ctx: &[u32], min_n: usize, max_n: usize, n: usize) -> Vec<usize> {
     let Some(head) = ctx.len().checked_sub(1) else { return Vec::new() };
     let mut found: Vec<(usize, usize)> =
         (0..head).rev().map(|i| (i, match_len(ctx, i, max_n))).filter(|&(_, len)| len >= min_n).collect();

@@ -1,0 +1,229 @@
+//! Suffix drafting (SuffixDecoding, Oliaro et al. 2024): lookup over the current request and
+//! over every earlier request a [`SuffixCache`] holds, so that speculation learns from what it
+//! has served (tool-call skeletons, file contents quoted back, repeated plans).
+//!
+//! Exactness is the kernel's, as for [`NGramDraft`](super::NGramDraft): every proposal is a
+//! point mass fixed by the context and the cache before the round's random draws (the cache
+//! changes only between generations, with other generations' finished outputs), and the kernel
+//! accepts a point mass on `t` with probability `p(t)` and otherwise draws from the residual,
+//! which leaves the target's law intact whatever the proposal.
+
+use super::ngram::{distinct_matches, longest_suffix_match, MAX_BLOCK};
+use super::suffix_cache::{SuffixCache, ANCHOR};
+use crate::error::{Error, Result};
+use crate::model::{DraftModel, Proposal, TokenModel};
+use crate::stop::check_tokens;
+use crate::tree::{ChildPicker, DraftTree, TreeBudget};
+
+/// The longest suffix a lookup compares.
+const MAX_MATCH: usize = 32;
+
+/// A suffix drafter: for the context's longest suffix (at least 2 tokens, at most 32) that
+/// occurred before in this request or in a request the shared cache holds, it proposes what
+/// followed (the current request wins a tie), as a point mass; nothing without a match. Its
+/// request (prompt and output) goes into the cache when it starts the next one or is dropped.
+///
+/// # Example
+/// ```
+/// use specdec::{DraftModel, Proposal, SuffixCache, SuffixDraft};
+/// let cache = SuffixCache::new(16, 1000)?;
+/// cache.insert(&[1, 2, 3, 4, 5])?; // an earlier request
+/// let mut draft = SuffixDraft::new(cache)?;
+/// assert_eq!(draft.propose(&[9, 2, 3])?, Proposal::Token(4));
+/// # Ok::<(), specdec::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct SuffixDraft {
+    cache: SuffixCache,
+    vocab: usize,
+    ctx: Vec<u32>,
+    /// Where the last planned round started and what it proposed (see `block_len`).
+    round: (usize, Vec<u32>),
+}
+
+/// A match: its length and what followed it.
+type Match = (usize, Vec<u32>);
+
+impl SuffixDraft {
+    /// A drafter over `cache` (clones of one cache share it).
+    ///
+    /// # Errors
+    /// None today; kept for settings to come.
+    pub fn new(cache: SuffixCache) -> Result<Self> {
+        let vocab = cache.vocab();
+        Ok(Self { cache, vocab, ctx: Vec::new(), round: (0, Vec::new()) })
+    }
+
+    /// The shared cache.
+    pub fn cache(&self) -> &SuffixCache {
+        &self.cache
+    }
+
+    /// The best match of `ctx`'s suffix, here or in the cache, with up to `depth` tokens that
+    /// followed it.
+    fn best(&self, ctx: &[u32], depth: usize) -> Option<Match> {
+        let local = longest_suffix_match(ctx, ANCHOR, MAX_MATCH)
+            .map(|(end, len)| (len, ctx[end + 1..].iter().take(depth).copied().collect::<Vec<u32>>()));
+        let global = self.cache.lookup(ctx, MAX_MATCH, depth, 1).into_iter().next().map(|c| (c.matched, c.tokens));
+        match (local, global) {
+            (Some(l), Some(g)) if g.0 > l.0 => Some(g),
+            (Some(l), _) => Some(l),
+            (None, g) => g,
+        }
+    }
+
+    /// Adds the request so far to the cache and starts empty.
+    fn retire(&mut self) {
+        if !self.ctx.is_empty() {
+            // The tokens were checked on the way in.
+            let _ = self.cache.insert(&self.ctx);
+            self.ctx.clear();
+        }
+    }
+}
+
+impl Drop for SuffixDraft {
+    fn drop(&mut self) {
+        self.retire();
+    }
+}
+
+impl TokenModel for SuffixDraft {
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx.len()
+    }
+
+    /// Rolls back; back to nothing, it first adds the request to the cache (a new one starts).
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.ctx.len() {
+            return Err(Error::BadTruncate { len: self.ctx.len(), to: len });
+        }
+        if len == 0 {
+            self.retire();
+        }
+        self.ctx.truncate(len);
+        Ok(())
+    }
+}
+
+impl DraftModel for SuffixDraft {
+    fn propose(&mut self, tokens: &[u32]) -> Result<Proposal> {
+        check_tokens(tokens, self.vocab)?;
+        self.ctx.extend_from_slice(tokens);
+        let found = self.best(&self.ctx, 1).and_then(|(_, next)| next.first().copied());
+        if let Some(t) = found {
+            if self.ctx.len() == self.round.0 + self.round.1.len() {
+                self.round.1.push(t);
+            }
+        }
+        Ok(found.map_or(Proposal::Nothing, Proposal::Token))
+    }
+
+    /// As long as the match the context ends in (none: 0, a plain step), and twice the last
+    /// block after a round that accepted all of it, up to `max` and 16.
+    fn block_len(&mut self, ctx: &[u32], _k: usize, max: usize) -> usize {
+        let (at, proposed) = std::mem::take(&mut self.round);
+        let all_accepted = !proposed.is_empty() && ctx.get(at..).is_some_and(|s| s.starts_with(&proposed));
+        let len = self.best(ctx, 1).map_or(0, |(len, _)| len);
+        let n = match (len, all_accepted) {
+            (0, _) => 0,
+            (_, true) => len.max(2 * proposed.len()),
+            _ => len,
+        };
+        self.round = (ctx.len(), Vec::new());
+        n.min(MAX_BLOCK).min(max)
+    }
+
+    /// Continuations followed by different tokens, from the cache (by match length, then how
+    /// often they occurred) and from this request, merged where they share a prefix, within
+    /// `budget`.
+    fn propose_tree(&mut self, tokens: &[u32], budget: TreeBudget, _: &mut ChildPicker) -> Result<DraftTree> {
+        self.propose(tokens)?;
+        let mut branches: Vec<Match> = self
+            .cache
+            .lookup(&self.ctx, MAX_MATCH, budget.depth(), budget.width())
+            .into_iter()
+            .map(|c| (c.matched, c.tokens))
+            .collect();
+        for end in distinct_matches(&self.ctx, ANCHOR, MAX_MATCH, budget.width()) {
+            let len = (0..MAX_MATCH.min(end + 1))
+                .take_while(|&j| self.ctx[end - j] == self.ctx[self.ctx.len() - 1 - j])
+                .count();
+            branches.push((len, self.ctx[end + 1..].iter().take(budget.depth()).copied().collect()));
+        }
+        branches.sort_by_key(|(len, _)| std::cmp::Reverse(*len));
+        let mut tree = DraftTree::new();
+        let mut firsts = Vec::new();
+        for (_, branch) in branches {
+            let Some(&first) = branch.first() else { continue };
+            if firsts.len() >= budget.width() && !firsts.contains(&first) {
+                continue;
+            }
+            firsts.push(first);
+            let mut parent = None;
+            for &token in &branch {
+                if tree.len() >= budget.nodes() && !tree.has_child(parent, token) {
+                    break;
+                }
+                parent = Some(tree.push(token, parent)?);
+            }
+        }
+        Ok(tree)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longer_match_wins_and_this_request_wins_ties() -> Result<()> {
+        let cache = SuffixCache::new(32, 100)?;
+        cache.insert(&[1, 2, 3, 4, 20])?;
+        let mut d = SuffixDraft::new(cache.clone())?;
+        // Locally "3 4" is followed by 9 (a 2-token match); the cache has "2 3 4" then 20.
+        assert_eq!(d.propose(&[3, 4, 9, 2, 3, 4])?, Proposal::Token(20));
+        let mut d = SuffixDraft::new(cache)?;
+        assert_eq!(d.propose(&[2, 3, 4, 9, 2, 3, 4])?, Proposal::Token(9));
+        Ok(())
+    }
+
+    #[test]
+    fn a_request_joins_the_cache_when_the_next_starts_or_the_drafter_is_dropped() -> Result<()> {
+        let cache = SuffixCache::new(32, 100)?;
+        let mut d = SuffixDraft::new(cache.clone())?;
+        d.propose(&[5, 6, 7, 8])?;
+        d.truncate(3)?;
+        assert_eq!(cache.requests(), 0);
+        d.truncate(0)?;
+        assert_eq!((cache.requests(), cache.tokens()), (1, 3));
+        d.propose(&[10, 11, 12])?;
+        drop(d);
+        assert_eq!((cache.requests(), cache.tokens()), (2, 6));
+        assert_eq!(SuffixDraft::new(cache)?.propose(&[1, 10, 11])?, Proposal::Token(12));
+        Ok(())
+    }
+
+    #[test]
+    fn trees_hold_the_cache_and_the_request_continuations() -> Result<()> {
+        let cache = SuffixCache::new(32, 100)?;
+        cache.insert(&[1, 2, 3, 4, 5])?;
+        cache.insert(&[1, 2, 3, 6, 7])?;
+        let mut d = SuffixDraft::new(cache)?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        let sampling = crate::SamplingConfig::greedy();
+        let mut picker = ChildPicker::new(&sampling, &mut rng);
+        let tree = d.propose_tree(&[2, 3, 8, 9, 2, 3], TreeBudget::new(3, 2, 8, 1)?, &mut picker)?;
+        let mut firsts: Vec<u32> =
+            (0..tree.len()).filter(|&i| tree.parents()[i].is_none()).map(|i| tree.tokens()[i]).collect();
+        firsts.sort_unstable();
+        assert_eq!(firsts, vec![4, 6, 8]);
+        Ok(())
+    }
+
+    use rand::SeedableRng;
+}
