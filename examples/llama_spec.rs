@@ -17,10 +17,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::json;
+use specdec::draft::suffix_cache::DEFAULT_CAPACITY;
 use specdec::grammar::{Grammar, GrammarVocab};
 use specdec::{
     Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder,
-    TextStream, Tokenizer, TreePolicy, WeightFormat,
+    SuffixCache, TextStream, TokenModel, Tokenizer, TreePolicy, WeightFormat,
 };
 
 #[derive(Parser)]
@@ -42,7 +43,8 @@ struct Args {
     draft_quant: Option<String>,
     /// The drafter: model[:PATH] (default: the target file's weights as stored), ngram
     /// (prompt lookup), ngram+model[:PATH] (lookup where the context repeats itself, the model
-    /// elsewhere), layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
+    /// elsewhere), suffix (lookup over this request and the earlier ones of --suffix-cache),
+    /// suffix+model[:PATH], layerskip:N (the target's first N blocks), quant:TYPE, or a draft head
     /// on the target's hidden states: eagle:PATH, eagle3:PATH, medusa:PATH (a folder with
     /// config.json and safetensors, or a hub id hf:org/name; scripts/train-heads.sh trains them),
     /// or cross:text:PATH / cross:intersection:PATH, a draft model with another tokenizer
@@ -129,6 +131,10 @@ struct Args {
     /// Constrain the output to a Lark grammar in FILE (llguidance's dialect).
     #[arg(long, value_name = "FILE")]
     grammar: Option<PathBuf>,
+    /// A suffix drafter's cache of earlier requests: read at the start when the file exists,
+    /// written at the end with this run's request added.
+    #[arg(long, value_name = "FILE")]
+    suffix_cache: Option<PathBuf>,
     /// End with one JSON line summarizing the run.
     #[arg(long)]
     report_json: bool,
@@ -177,10 +183,12 @@ fn main() -> Result<()> {
 
     let spec: DrafterSpec = match (&args.draft, &args.draft_quant, args.drafter.as_str()) {
         (Some(path), _, "ngram+model") => DrafterSpec::LookupModel(Some(path.clone())),
+        (Some(path), _, "suffix+model") => DrafterSpec::SuffixModel(Some(path.clone())),
         (Some(path), _, _) => DrafterSpec::Model(Some(path.clone())),
         (None, Some(q), _) => DrafterSpec::Quant(q.parse()?),
         (None, None, "model") => DrafterSpec::Model(default_draft),
         (None, None, "ngram+model") => DrafterSpec::LookupModel(default_draft),
+        (None, None, "suffix+model") => DrafterSpec::SuffixModel(default_draft),
         (None, None, other) => other.parse()?,
     };
     let mut verifier = Llama::new(target_w.clone())?;
@@ -258,8 +266,27 @@ fn main() -> Result<()> {
     // from one generation to the next, as it would over a session's requests).
     spec.generate(&ids)?;
     plain.generate(&ids)?;
+    // A suffix drafter must not learn the prompt's answer from the warm-up: it starts over
+    // from the cache file (or an empty cache).
+    let suffix_cache = match spec.draft().suffix_cache() {
+        Some(warm) => {
+            let cache = match &args.suffix_cache {
+                Some(path) if path.exists() => SuffixCache::load(path, warm.vocab(), DEFAULT_CAPACITY)?,
+                _ => SuffixCache::new(warm.vocab(), DEFAULT_CAPACITY)?,
+            };
+            eprintln!("suffix cache: {} earlier requests, {} tokens", cache.requests(), cache.tokens());
+            spec.draft_mut().use_suffix_cache(cache.clone())?;
+            Some(cache)
+        }
+        None => None,
+    };
     let spec_out = stream(&tokenizer, |on| spec.generate_with(&ids, on))?;
     let plain_out = plain.generate(&ids)?;
+    if let (Some(cache), Some(path)) = (suffix_cache, &args.suffix_cache) {
+        spec.draft_mut().truncate(0)?; // adds this run's request to the cache
+        cache.save(path)?;
+        eprintln!("suffix cache saved to {}: {} requests, {} tokens", path.display(), cache.requests(), cache.tokens());
+    }
     report(&args, &target_files.name(), &draft_name, &tokenizer, &spec_out, &plain_out)
 }
 

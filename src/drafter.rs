@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use candle_core::Device;
 
-use crate::draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, VocabPair};
+use crate::draft::suffix_cache::DEFAULT_CAPACITY;
+use crate::draft::{CrossMethod, CrossVocabDraft, LookupOr, NGramDraft, SuffixCache, SuffixDraft, VocabPair};
 use crate::error::{Error, Result};
 #[cfg(feature = "heads")]
 use crate::heads::{EagleVersion, HeadDraft};
@@ -32,6 +33,11 @@ pub enum DrafterSpec {
     /// `ngram+model` or `ngram+model:PATH_OR_HUB_ID[@FORMAT]`: lookup where the context has a
     /// match of 4 or more tokens, the model (as for `model`) elsewhere (see [`LookupOr`]).
     LookupModel(Option<String>),
+    /// `suffix`: lookup over this request and earlier ones (see [`SuffixDraft`]), no model.
+    Suffix,
+    /// `suffix+model` or `suffix+model:PATH_OR_HUB_ID[@FORMAT]`: suffix lookup where it
+    /// matches 4 or more tokens, the model (as for `model`) elsewhere.
+    SuffixModel(Option<String>),
     /// `layerskip:N`: the target's first N blocks, sharing its weights.
     LayerSkip(usize),
     /// `quant:TYPE`: the target's weights re-quantized at load (`q8_0`, `q4_0`, `q4k`, …).
@@ -58,6 +64,8 @@ impl FromStr for DrafterSpec {
             ("model", a) => Ok(Self::Model(a.map(str::to_string))),
             ("ngram", None) => Ok(Self::NGram),
             ("ngram+model", a) => Ok(Self::LookupModel(a.map(str::to_string))),
+            ("suffix", None) => Ok(Self::Suffix),
+            ("suffix+model", a) => Ok(Self::SuffixModel(a.map(str::to_string))),
             ("layerskip", Some(n)) => n
                 .parse()
                 .map(Self::LayerSkip)
@@ -73,7 +81,7 @@ impl FromStr for DrafterSpec {
             _ => Err(Error::setting(
                 "drafter",
                 s,
-                "model[:PATH], ngram, ngram+model[:PATH], layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH, \
+                "model[:PATH], ngram, ngram+model[:PATH], suffix, suffix+model[:PATH], layerskip:N, quant:TYPE, eagle:PATH, eagle3:PATH, \
                  medusa:PATH or cross:METHOD:PATH",
             )),
         }
@@ -88,6 +96,9 @@ impl std::fmt::Display for DrafterSpec {
             Self::NGram => write!(f, "ngram"),
             Self::LookupModel(None) => write!(f, "ngram+model"),
             Self::LookupModel(Some(p)) => write!(f, "ngram+model:{p}"),
+            Self::Suffix => write!(f, "suffix"),
+            Self::SuffixModel(None) => write!(f, "suffix+model"),
+            Self::SuffixModel(Some(p)) => write!(f, "suffix+model:{p}"),
             Self::LayerSkip(n) => write!(f, "layerskip:{n}"),
             Self::Quant(q) => write!(f, "quant:{q}"),
             Self::Eagle(p) => write!(f, "eagle:{p}"),
@@ -109,6 +120,10 @@ pub enum Drafter {
     NGram(NGramDraft),
     /// Prompt lookup where it matches, a model elsewhere.
     Lookup(LookupOr<Llama>),
+    /// Suffix lookup (this request and earlier ones).
+    Suffix(SuffixDraft),
+    /// Suffix lookup where it matches, a model elsewhere.
+    SuffixModel(LookupOr<Llama, SuffixDraft>),
     /// An EAGLE or Medusa head (with the `heads` feature).
     #[cfg(feature = "heads")]
     Head(HeadDraft),
@@ -173,6 +188,21 @@ impl Drafter {
                 check_compatible((path, &draft_tok), (&files.name(), tokenizer))?;
                 Self::Lookup(LookupOr::new(draft)?)
             }
+            DrafterSpec::Suffix => {
+                Self::Suffix(SuffixDraft::new(SuffixCache::new(target.config().vocab_size, DEFAULT_CAPACITY)?)?)
+            }
+            DrafterSpec::SuffixModel(path) => {
+                let draft = match path {
+                    None => Llama::new(files.load(WeightFormat::Stored, device)?.0)?,
+                    Some(path) => {
+                        let (draft, draft_tok) = model_draft(path, device)?;
+                        check_compatible((path, &draft_tok), (&files.name(), tokenizer))?;
+                        draft
+                    }
+                };
+                let cache = SuffixCache::new(target.config().vocab_size, DEFAULT_CAPACITY)?;
+                Self::SuffixModel(LookupOr::with_lookup(SuffixDraft::new(cache)?.with_min_match(4)?, draft)?)
+            }
         };
         drafter.limit_vocabulary(tokenizer, Some(DRAFT_VOCAB))?;
         Ok(drafter)
@@ -190,6 +220,7 @@ impl Drafter {
         let model = match self {
             Self::Model(m) => m,
             Self::Lookup(l) => l.model_mut(),
+            Self::SuffixModel(l) => l.model_mut(),
             _ => return Ok(None),
         };
         let vocab = model.config().vocab_size;
@@ -217,6 +248,34 @@ impl Drafter {
         )?))
     }
 
+    /// The suffix cache of a `suffix` or `suffix+model` drafter (a clone that shares it: save
+    /// it at the end of a session).
+    pub fn suffix_cache(&self) -> Option<SuffixCache> {
+        match self {
+            Self::Suffix(s) => Some(s.cache().clone()),
+            Self::SuffixModel(l) => Some(l.lookup().cache().clone()),
+            _ => None,
+        }
+    }
+
+    /// Has a `suffix` or `suffix+model` drafter use `cache` (one loaded from a file, or shared
+    /// with other drafters) from its next generation on; other drafters are left alone.
+    ///
+    /// # Errors
+    /// [`Error::VocabMismatch`] for a cache of another vocabulary.
+    pub fn use_suffix_cache(&mut self, cache: SuffixCache) -> Result<()> {
+        let vocab = self.vocab_size();
+        if cache.vocab() != vocab {
+            return Err(Error::VocabMismatch { draft: cache.vocab(), target: vocab });
+        }
+        match self {
+            Self::Suffix(s) => *s = SuffixDraft::new(cache)?,
+            Self::SuffixModel(l) => l.set_lookup(SuffixDraft::new(cache)?.with_min_match(4)?),
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// What the drafter does beyond its spec, for a status line: how many token ids a model
     /// draft scores when it is limited to part of its vocabulary, or the cross-vocabulary
     /// method and how many token strings the vocabularies share.
@@ -227,6 +286,7 @@ impl Drafter {
         match self {
             Self::Model(m) => limited(m),
             Self::Lookup(l) => limited(l.model()),
+            Self::SuffixModel(l) => limited(l.model()),
             Self::Cross(c) => {
                 Some(format!("another tokenizer: {} drafts, {} shared token strings", c.method(), c.map().shared()))
             }
@@ -276,6 +336,8 @@ impl TokenModel for Drafter {
             Self::Model(m) => TokenModel::vocab_size(m),
             Self::NGram(n) => n.vocab_size(),
             Self::Lookup(l) => l.vocab_size(),
+            Self::Suffix(l) => l.vocab_size(),
+            Self::SuffixModel(l) => l.vocab_size(),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.vocab_size(),
             Self::Cross(c) => c.vocab_size(),
@@ -287,6 +349,8 @@ impl TokenModel for Drafter {
             Self::Model(m) => m.context_len(),
             Self::NGram(n) => TokenModel::context_len(n),
             Self::Lookup(l) => l.context_len(),
+            Self::Suffix(l) => l.context_len(),
+            Self::SuffixModel(l) => l.context_len(),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.context_len(),
             Self::Cross(c) => c.context_len(),
@@ -298,6 +362,8 @@ impl TokenModel for Drafter {
             Self::Model(m) => m.truncate(len),
             Self::NGram(n) => TokenModel::truncate(n, len),
             Self::Lookup(l) => l.truncate(len),
+            Self::Suffix(l) => l.truncate(len),
+            Self::SuffixModel(l) => l.truncate(len),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.truncate(len),
             Self::Cross(c) => c.truncate(len),
@@ -312,6 +378,7 @@ impl Drafter {
         match self {
             Self::Model(m) => m.keep_outputs(tokens).map(drop),
             Self::Lookup(l) => l.model_mut().keep_outputs(tokens).map(drop),
+            Self::SuffixModel(l) => l.model_mut().keep_outputs(tokens).map(drop),
             _ => Ok(()),
         }
     }
@@ -324,6 +391,8 @@ impl DraftModel for Drafter {
             Self::Model(m) => m.propose(tokens),
             Self::NGram(n) => n.propose(tokens),
             Self::Lookup(l) => l.propose(tokens),
+            Self::Suffix(l) => l.propose(tokens),
+            Self::SuffixModel(l) => l.propose(tokens),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.propose(tokens),
             Self::Cross(c) => c.propose(tokens),
@@ -334,6 +403,8 @@ impl DraftModel for Drafter {
         match self {
             Self::NGram(n) => n.block_len(ctx, k, max),
             Self::Lookup(l) => l.block_len(ctx, k, max),
+            Self::Suffix(l) => l.block_len(ctx, k, max),
+            Self::SuffixModel(l) => l.block_len(ctx, k, max),
             _ => k,
         }
     }
@@ -344,6 +415,8 @@ impl DraftModel for Drafter {
             Self::Model(m) => m.propose_tree(tokens, budget, picker),
             Self::NGram(n) => n.propose_tree(tokens, budget, picker),
             Self::Lookup(l) => l.propose_tree(tokens, budget, picker),
+            Self::Suffix(l) => l.propose_tree(tokens, budget, picker),
+            Self::SuffixModel(l) => l.propose_tree(tokens, budget, picker),
             #[cfg(feature = "heads")]
             Self::Head(h) => h.propose_tree(tokens, budget, picker),
             Self::Cross(c) => c.propose_tree(tokens, budget, picker),

@@ -64,6 +64,11 @@ impl<T: TargetModel> PlainDecoder<T> {
         self
     }
 
+    /// Sets the length limit of the next generations.
+    pub fn set_max_new_tokens(&mut self, n: usize) {
+        self.member_mut().seq.stop.max_new_tokens = n;
+    }
+
     /// Replaces the sampling settings for the next generation and reseeds the random number
     /// generator with their seed.
     ///

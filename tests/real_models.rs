@@ -380,3 +380,33 @@ fn greedy_with_a_json_grammar_equals_plain_with_it() -> Result<()> {
     }
     Ok(())
 }
+
+/// Suffix drafting across a replayed trace (the first three sessions of
+/// `benches/workloads/agent.jsonl`, rendered with SmolLM2's own chat template): each request's
+/// greedy output equals plain decoding's, while the cache grows from request to request.
+#[test]
+fn greedy_with_suffix_drafts_equals_plain_across_a_trace() -> Result<()> {
+    use specdec::chat::ChatMessage;
+    use specdec::{SuffixCache, SuffixDraft};
+    let Some((target_w, tok)) = load(SMOLLM2, WeightFormat::Stored) else { return Ok(()) };
+    let trace = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/workloads/agent.jsonl"))?;
+    let cache = SuffixCache::new(target_w.config().vocab_size, 1 << 16)?;
+    let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, SuffixDraft::new(cache.clone())?)
+        .max_new_tokens(40)
+        .stop_tokens(tok.stop_ids())
+        .build()?;
+    let mut plain = PlainDecoder::new(Llama::new(target_w)?, SamplingConfig::greedy())
+        .max_new_tokens(40)
+        .stop_tokens(tok.stop_ids());
+    let (mut drafted, mut requests) = (0, 0);
+    for line in trace.lines().take(15) {
+        let request: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        let messages: Vec<ChatMessage> = serde_json::from_value(request["messages"].clone()).expect("messages");
+        let ids = tok.encode(&tok.chat(&messages)?)?;
+        let out = spec.generate(&ids)?;
+        assert_same(&format!("request {requests}"), &out, &plain.generate(&ids)?, &tok);
+        (drafted, requests) = (drafted + out.stats.drafted, requests + 1);
+    }
+    assert!(drafted > 0 && cache.requests() >= 14, "{drafted} drafted, {} requests cached", cache.requests());
+    Ok(())
+}

@@ -10,6 +10,7 @@
 mod batch;
 #[path = "../support/chart.rs"]
 mod chart;
+mod workload;
 
 use specdec::TokenModel;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use specdec::{
 };
 
 #[derive(Parser)]
-struct Args {
+pub struct Args {
     /// Target model (.gguf, HF folder or hub id hf:org/name); default: the fetched SmolLM2-135M-Instruct.
     #[arg(long)]
     target: Option<String>,
@@ -102,6 +103,11 @@ struct Args {
     /// Batch mode: where to write the chart of throughput against batch size.
     #[arg(long, default_value = "docs/charts/batch-throughput.svg")]
     batch_svg: String,
+    /// Replay a trace of requests (JSON lines: session, messages, max_tokens) in order, each
+    /// drafter kept from request to request: `benches/workloads/agent.jsonl`. Uses the first
+    /// of --ks.
+    #[arg(long, value_name = "FILE.jsonl")]
+    workload: Option<String>,
     /// End with one JSON line.
     #[arg(long)]
     json: bool,
@@ -157,6 +163,9 @@ fn main() -> Result<()> {
             json: args.json,
         };
         return batch::run(&target, &files.load(WeightFormat::Stored, &device)?.0, &plan);
+    }
+    if let Some(path) = &args.workload {
+        return workload::run(&args, &files, &target, &tok, path);
     }
     if args.rows_curve {
         return rows_curve(&target, &files.load(WeightFormat::Stored, &device)?.0);
@@ -376,7 +385,7 @@ fn format_errors(
     Ok(())
 }
 
-fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
+pub fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
     s.split(',').map(|x| x.trim().parse::<T>().map_err(|_| anyhow::anyhow!("cannot parse `{x}`"))).collect()
 }
 

@@ -239,6 +239,11 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
         Ok(&self.member().seq.ctx()[before..])
     }
 
+    /// Sets the length limit of the next generations.
+    pub fn set_max_new_tokens(&mut self, n: usize) {
+        self.member_mut().seq.stop.max_new_tokens = n;
+    }
+
     /// Replaces the sampling settings for the next generation (a request's own temperature,
     /// penalties or grammar) and reseeds the random number generator with their seed.
     ///
@@ -310,6 +315,12 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
     /// The draft model.
     pub fn draft(&self) -> &D {
         &self.member().seq.draft
+    }
+
+    /// The draft, to change between generations (say, to give a suffix drafter another
+    /// cache); the next [`start`](Self::start) resets its context.
+    pub fn draft_mut(&mut self) -> &mut D {
+        &mut self.member_mut().seq.draft
     }
 
     /// Gives the models back: the target, then the draft.

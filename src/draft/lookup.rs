@@ -21,8 +21,8 @@ const MIN_MATCH: usize = 4;
 /// point mass or the model's row), and which of the two a position gets depends only on the
 /// context.
 #[derive(Debug)]
-pub struct LookupOr<D> {
-    lookup: NGramDraft,
+pub struct LookupOr<D, L = NGramDraft> {
+    lookup: L,
     model: D,
     ctx: Vec<u32>,
 }
@@ -36,6 +36,30 @@ impl<D: DraftModel> LookupOr<D> {
         let lookup = NGramDraft::with_range(model.vocab_size(), MIN_MATCH, MAX_BLOCK)?;
         Ok(Self { lookup, model, ctx: Vec::new() })
     }
+}
+
+impl<D: DraftModel, L: DraftModel> LookupOr<D, L> {
+    /// Another lookup first (a [`SuffixDraft`](crate::SuffixDraft), say), then `model`: the
+    /// lookup's point mass where it proposes one, the model's row where it proposes nothing.
+    ///
+    /// # Errors
+    /// [`Error::VocabMismatch`] when their vocabularies differ.
+    pub fn with_lookup(lookup: L, model: D) -> Result<Self> {
+        if lookup.vocab_size() != model.vocab_size() {
+            return Err(Error::VocabMismatch { draft: lookup.vocab_size(), target: model.vocab_size() });
+        }
+        Ok(Self { lookup, model, ctx: Vec::new() })
+    }
+
+    /// The lookup.
+    pub fn lookup(&self) -> &L {
+        &self.lookup
+    }
+
+    /// Replaces the lookup (between generations: the new one starts empty).
+    pub fn set_lookup(&mut self, lookup: L) {
+        self.lookup = lookup;
+    }
 
     /// The model draft.
     pub fn model(&self) -> &D {
@@ -48,7 +72,7 @@ impl<D: DraftModel> LookupOr<D> {
     }
 }
 
-impl<D: TokenModel> TokenModel for LookupOr<D> {
+impl<D: TokenModel, L: TokenModel> TokenModel for LookupOr<D, L> {
     fn vocab_size(&self) -> usize {
         self.model.vocab_size()
     }
@@ -59,7 +83,7 @@ impl<D: TokenModel> TokenModel for LookupOr<D> {
 
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.ctx.truncate(len);
-        TokenModel::truncate(&mut self.lookup, len)?;
+        self.lookup.truncate(len)?;
         if self.model.context_len() > len {
             self.model.truncate(len)?;
         }
@@ -67,7 +91,7 @@ impl<D: TokenModel> TokenModel for LookupOr<D> {
     }
 }
 
-impl<D: DraftModel> DraftModel for LookupOr<D> {
+impl<D: DraftModel, L: DraftModel> DraftModel for LookupOr<D, L> {
     fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
         self.lookup.block_len(ctx, k, max).max(k)
     }

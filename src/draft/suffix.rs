@@ -36,6 +36,8 @@ const MAX_MATCH: usize = 32;
 pub struct SuffixDraft {
     cache: SuffixCache,
     vocab: usize,
+    /// The shortest match it proposes from.
+    min_match: usize,
     ctx: Vec<u32>,
     /// Where the last planned round started and what it proposed (see `block_len`).
     round: (usize, Vec<u32>),
@@ -51,7 +53,20 @@ impl SuffixDraft {
     /// None today; kept for settings to come.
     pub fn new(cache: SuffixCache) -> Result<Self> {
         let vocab = cache.vocab();
-        Ok(Self { cache, vocab, ctx: Vec::new(), round: (0, Vec::new()) })
+        Ok(Self { cache, vocab, min_match: ANCHOR, ctx: Vec::new(), round: (0, Vec::new()) })
+    }
+
+    /// Proposes only from matches of at least `n` tokens (2 by default; `suffix+model` uses
+    /// 4, where shorter matches are too often wrong to stand in for the model).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] unless `2 <= n <= 32`.
+    pub fn with_min_match(mut self, n: usize) -> Result<Self> {
+        if !(ANCHOR..=MAX_MATCH).contains(&n) {
+            return Err(Error::setting("min_match", n, "2 to 32 tokens"));
+        }
+        self.min_match = n;
+        Ok(self)
     }
 
     /// The shared cache.
@@ -65,11 +80,12 @@ impl SuffixDraft {
         let local = longest_suffix_match(ctx, ANCHOR, MAX_MATCH)
             .map(|(end, len)| (len, ctx[end + 1..].iter().take(depth).copied().collect::<Vec<u32>>()));
         let global = self.cache.lookup(ctx, MAX_MATCH, depth, 1).into_iter().next().map(|c| (c.matched, c.tokens));
-        match (local, global) {
+        let best = match (local, global) {
             (Some(l), Some(g)) if g.0 > l.0 => Some(g),
             (Some(l), _) => Some(l),
             (None, g) => g,
-        }
+        };
+        best.filter(|(len, _)| *len >= self.min_match)
     }
 
     /// Adds the request so far to the cache and starts empty.
