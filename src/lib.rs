@@ -96,7 +96,7 @@
 //! 3. `adaptive`, `draft`;
 //! 4. `decoder` (with `Sequence`, the sequence engine every decoder runs), then `plain` and
 //!    `batch`;
-//! 5. `models`, `tokenizer`, then `loading`, then `heads`, then `drafter`;
+//! 5. `models`, `chat`, `tokenizer`, then `grammar`, `loading`, then `heads`, then `drafter`;
 //! 6. `tools`.
 //!
 //! ## Features

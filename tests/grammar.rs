@@ -57,11 +57,11 @@ impl TokenizerEnv for Greedy {
     }
 }
 
-/// The law a plain decoder follows under `regex`: at each history a fresh matcher fed the
+/// The law a plain decoder follows under `grammar`: at each history a fresh matcher fed the
 /// output, and the target's row at `temperature` over the matcher's mask. Every finished output (end of sequence, or `max`
 /// tokens) with its probability.
 fn reference(
-    regex: &str,
+    grammar: &TopLevelGrammar,
     target: &MarkovModel,
     temperature: f64,
     prompt: &[u32],
@@ -71,7 +71,7 @@ fn reference(
     let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, EOS), &words);
     let factory = ParserFactory::new_simple(&(Arc::new(Greedy(trie)) as _)).expect("factory");
     let row = |out: &[u32]| -> Vec<f64> {
-        let parser = factory.create_parser(TopLevelGrammar::from_regex(regex)).expect("parser");
+        let parser = factory.create_parser(grammar.clone()).expect("parser");
         let mut m = Matcher::new(Ok(parser));
         m.consume_tokens(out).expect("an allowed output");
         let mut law = vec![0.0; words.len()];
@@ -143,7 +143,7 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
     let (target, draft) = models();
     for (name, regex, max, prompt) in cases() {
         for temperature in [1.0, 0.7] {
-            let law = reference(regex, &target, temperature, &prompt, max);
+            let law = reference(&TopLevelGrammar::from_regex(regex), &target, temperature, &prompt, max);
             let cfg = SamplingConfig::new(temperature as f32)?.with_seed(17).with_processor(compile(regex)?);
             let what = |how: &str| format!("{name}, temperature {temperature}, {how}");
             let build = |cfg: SamplingConfig| {
@@ -200,17 +200,45 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
     Ok(())
 }
 
+/// A Lark grammar (the letters language written as rules) against its own law, chains and
+/// plain decoding.
+#[test]
+fn a_lark_grammar_follows_its_law() -> Result<()> {
+    let (target, draft) = models();
+    let lark = "start: letter+ tail?\nletter: \"a\" | \"b\"\ntail: \"x\" (\"1\" | \"2\")\n";
+    let (prompt, max) = (vec![12, 14, 11, 6, 13, 12], 4);
+    let law = reference(&TopLevelGrammar::from_lark(lark.to_string()), &target, 1.0, &prompt, max);
+    let vocab = GrammarVocab::from_token_bytes(words(), &[EOS])?;
+    let cfg = SamplingConfig::new(1.0)?.with_seed(8).with_processor(Grammar::lark(lark).compile(&vocab)?);
+    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
+        .k(3)
+        .sampling(cfg.clone())
+        .max_new_tokens(max)
+        .stop_tokens([EOS])
+        .build()?;
+    let (c, drafted, _) = tally(&law, &mut dec, &prompt)?;
+    fits("Lark, chain", &c, &law);
+    assert!(drafted > 0);
+    let mut plain = PlainDecoder::new(target, cfg).max_new_tokens(max).stop_tokens([EOS]);
+    let mut c = vec![0; law.len()];
+    for _ in 0..SAMPLES {
+        c[cell(&law, &plain.generate(&prompt)?.tokens)] += 1;
+    }
+    fits("Lark, plain", &c, &law);
+    Ok(())
+}
+
 /// The power check: the same battery rejects sampling at a temperature off by δ, where δ puts
 /// the law at about twice its detection limit, and the law fits its own reference.
 #[test]
 fn the_grammar_battery_rejects_a_temperature_just_past_its_detection_limit() -> Result<()> {
     let (target, draft) = models();
     let (_, regex, max, prompt) = cases().remove(1);
-    let exact = reference(regex, &target, 1.0, &prompt, max);
+    let exact = reference(&TopLevelGrammar::from_regex(regex), &target, 1.0, &prompt, max);
     let (mut off, mut ratio, mut shifted) = (1.0, 0.0, BTreeMap::new());
     for step in 1..400 {
         off = 1.0 + 0.002 * step as f64;
-        shifted = reference(regex, &target, off, &prompt, max);
+        shifted = reference(&TopLevelGrammar::from_regex(regex), &target, off, &prompt, max);
         let (e, s): (Vec<f64>, Vec<f64>) = exact.keys().map(|k| (exact[k], shifted[k])).unzip();
         let (lambda, df) = noncentrality(&e, &s, SAMPLES);
         ratio = lambda / detection_limit(df);

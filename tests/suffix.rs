@@ -195,3 +195,66 @@ fn bad_tokens_and_settings_are_typed_errors() -> Result<()> {
     assert_eq!(cache.requests(), 0);
     Ok(())
 }
+
+/// A toy target whose calls advance a simulated clock: a fixed cost a call and a cost a row.
+struct Timed {
+    model: MarkovModel,
+    clock: specdec::Clock,
+}
+
+impl specdec::TokenModel for Timed {
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+
+    fn context_len(&self) -> usize {
+        self.model.context_len()
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.model.truncate(len)
+    }
+}
+
+impl specdec::TargetModel for Timed {
+    fn forward(&mut self, tokens: &[u32], rows: usize) -> Result<specdec::Logits> {
+        self.clock.advance(1e-3 + 2e-4 * rows as f64);
+        self.model.forward(tokens, rows)
+    }
+}
+
+/// Adversarial input: a cache full of continuations the target rarely takes (random text
+/// over the same vocabulary, so that every context matches and nearly every proposal is
+/// wrong). The adaptive k backs off: on the simulated clock the speculative generations cost
+/// at most 5 % more than plain decoding.
+#[test]
+fn a_misleading_cache_costs_little_against_plain_decoding() -> Result<()> {
+    use specdec::Clock;
+    let target = MarkovModel::random(16, 2, 25);
+    let cfg = SamplingConfig::new(1.0)?.with_seed(3);
+    let prompt = [3, 4, 5];
+    let timed = |clock: &Clock| Timed { model: target.clone(), clock: clock.clone() };
+    let plain_clock = Clock::manual();
+    let mut plain = PlainDecoder::new(timed(&plain_clock), cfg.clone()).max_new_tokens(200).clock(plain_clock);
+    let cache = SuffixCache::new(16, 1 << 17)?;
+    for r in requests(2000, 11) {
+        cache.insert(&r.iter().map(|t| t % 16).collect::<Vec<u32>>())?;
+    }
+    let clock = Clock::manual();
+    let mut dec = SpeculativeDecoder::builder(timed(&clock), SuffixDraft::new(cache)?)
+        .sampling(cfg)
+        .max_new_tokens(200)
+        .clock(clock)
+        .build()?;
+    let (mut spec_secs, mut plain_secs, mut drafted, mut accepted) = (0.0, 0.0, 0, 0);
+    for _ in 0..10 {
+        let out = dec.generate(&prompt)?;
+        (spec_secs, drafted, accepted) =
+            (spec_secs + out.stats.decode_secs, drafted + out.stats.drafted, accepted + out.stats.accepted);
+        plain_secs += plain.generate(&prompt)?.stats.decode_secs;
+    }
+    eprintln!("misleading cache: {accepted} of {drafted} drafts accepted, {spec_secs:.4} s against {plain_secs:.4} s plain (simulated)");
+    assert!(drafted > 0 && (accepted as f64) < 0.3 * drafted as f64, "{accepted} of {drafted}");
+    assert!(spec_secs <= 1.05 * plain_secs, "{spec_secs} s against {plain_secs} s");
+    Ok(())
+}

@@ -17,6 +17,9 @@ use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 
 /// The longest suffix a lookup compares.
 const MAX_MATCH: usize = 32;
+/// A match at least this long is taken for a copied span: its block is as long as the match,
+/// whatever the controller's k.
+const LONG_MATCH: usize = 8;
 
 /// A suffix drafter: for the context's longest suffix (at least 2 tokens, at most 32) that
 /// occurred before in this request or in a request the shared cache holds, it proposes what
@@ -139,16 +142,18 @@ impl DraftModel for SuffixDraft {
         Ok(found.map_or(Proposal::Nothing, Proposal::Token))
     }
 
-    /// As long as the match the context ends in (none: 0, a plain step), and twice the last
-    /// block after a round that accepted all of it, up to `max` and 16.
-    fn block_len(&mut self, ctx: &[u32], _k: usize, max: usize) -> usize {
+    /// As long as the match the context ends in where it is long (8 tokens or more: a copied
+    /// span), the controller's `k` where it is shorter (none: 0, a plain step), and twice the
+    /// last block after a round that accepted all of it; up to `max` and 16.
+    fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
         let (at, proposed) = std::mem::take(&mut self.round);
         let all_accepted = !proposed.is_empty() && ctx.get(at..).is_some_and(|s| s.starts_with(&proposed));
         let len = self.best(ctx, 1).map_or(0, |(len, _)| len);
         let n = match (len, all_accepted) {
             (0, _) => 0,
             (_, true) => len.max(2 * proposed.len()),
-            _ => len,
+            (len, _) if len >= LONG_MATCH => len,
+            (len, _) => k.min(len),
         };
         self.round = (ctx.len(), Vec::new());
         n.min(MAX_BLOCK).min(max)
