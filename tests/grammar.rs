@@ -138,6 +138,21 @@ fn tally<T: TargetModel, D: DraftModel>(
     Ok((counts, drafted, forced))
 }
 
+/// Counts of each output of plain decoding with `cfg`, over [`SAMPLES`] generations.
+fn plain_counts(
+    law: &BTreeMap<Vec<u32>, f64>,
+    target: &MarkovModel,
+    cfg: SamplingConfig,
+    (prompt, max): (&[u32], usize),
+) -> Result<Vec<u64>> {
+    let mut plain = PlainDecoder::new(target.clone(), cfg).max_new_tokens(max).stop_tokens([EOS]);
+    let mut counts = vec![0; law.len()];
+    for _ in 0..SAMPLES {
+        counts[cell(law, &plain.generate(prompt)?.tokens)] += 1;
+    }
+    Ok(counts)
+}
+
 #[test]
 fn every_decoder_follows_the_grammars_law() -> Result<()> {
     let (target, draft) = models();
@@ -189,12 +204,7 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
                 }
             }
             fits(&what("batch"), &c, &law);
-            let mut plain = PlainDecoder::new(target.clone(), cfg.clone()).max_new_tokens(max).stop_tokens([EOS]);
-            let mut c = vec![0; law.len()];
-            for _ in 0..SAMPLES {
-                c[cell(&law, &plain.generate(&prompt)?.tokens)] += 1;
-            }
-            fits(&what("plain"), &c, &law);
+            fits(&what("plain"), &plain_counts(&law, &target, cfg.clone(), (&prompt, max))?, &law);
         }
     }
     Ok(())
@@ -219,12 +229,7 @@ fn a_lark_grammar_follows_its_law() -> Result<()> {
     let (c, drafted, _) = tally(&law, &mut dec, &prompt)?;
     fits("Lark, chain", &c, &law);
     assert!(drafted > 0);
-    let mut plain = PlainDecoder::new(target, cfg).max_new_tokens(max).stop_tokens([EOS]);
-    let mut c = vec![0; law.len()];
-    for _ in 0..SAMPLES {
-        c[cell(&law, &plain.generate(&prompt)?.tokens)] += 1;
-    }
-    fits("Lark, plain", &c, &law);
+    fits("Lark, plain", &plain_counts(&law, &target, cfg, (&prompt, max))?, &law);
     Ok(())
 }
 

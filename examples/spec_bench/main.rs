@@ -389,8 +389,11 @@ pub fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
     s.split(',').map(|x| x.trim().parse::<T>().map_err(|_| anyhow::anyhow!("cannot parse `{x}`"))).collect()
 }
 
+/// Each prompt's token ids, and its grammar where its line names a schema.
+type Prompts = (Vec<Vec<u32>>, Vec<Option<ProcessorFactory>>);
+
 /// The prompts' token ids, and for each its grammar if its line names a schema.
-fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<(Vec<Vec<u32>>, Vec<Option<ProcessorFactory>>)> {
+fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Prompts> {
     let lines: Vec<String> = match &args.prompts {
         Some(path) => std::fs::read_to_string(path)?
             .lines()

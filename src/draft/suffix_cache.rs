@@ -8,7 +8,7 @@
 //! insertion one map update a token; an eviction removes what its request inserted.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,9 +61,7 @@ pub struct Continuation {
 }
 
 fn anchor_hash(tokens: &[u32]) -> u64 {
-    let mut h = BuildHasherDefault::<DefaultHasher>::default().build_hasher();
-    tokens.hash(&mut h);
-    h.finish()
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(tokens)
 }
 
 impl SuffixCache {
