@@ -189,9 +189,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     pub fn fast_forward(&mut self) -> Result<usize> {
         let mut n = 0;
         while self.finish.is_none() {
-            let (prompt, generated) = self.ctx.split_at(self.prompt_len);
-            let history = History { prompt, generated, drafted: &[] };
-            let Some(t) = self.procs.forced(&history)? else { break };
+            let Some(t) = self.procs.forced(&history(&self.ctx, self.prompt_len))? else { break };
             self.keep(&[t]);
             n += 1;
         }
@@ -203,8 +201,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// Appends to the block the tokens the processors force after it, while the block is
     /// shorter than `k`; they need no draft call. True when the block ends with a stop token.
     pub fn force_block(&mut self, k: usize) -> Result<bool> {
-        let ctx =
-            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        let ctx = history(&self.ctx, self.prompt_len);
         while self.block.tokens().len() < k && self.block.push_forced(&mut self.procs, ctx)? {
             self.stats.forced_tokens += 1;
             if self.block.tokens().last().is_some_and(|t| self.stop.stop_tokens.contains(t)) {
@@ -220,8 +217,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.draft_calls += 1;
         self.stats.draft_secs += secs;
         let vocab = self.target.vocab_size();
-        let ctx =
-            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        let ctx = history(&self.ctx, self.prompt_len);
         self.block.push(proposal, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)
     }
 
@@ -231,8 +227,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.stats.target_calls += 1;
         self.stats.target_secs += secs;
         let vocab = self.target.vocab_size();
-        let ctx =
-            History { prompt: &self.ctx[..self.prompt_len], generated: &self.ctx[self.prompt_len..], drafted: &[] };
+        let ctx = history(&self.ctx, self.prompt_len);
         let verdict = self.block.judge(logits, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)?;
         self.stats.record_round(self.block.tokens().len(), verdict.accepted);
         self.stats.process_secs = self.procs.secs;
@@ -284,6 +279,12 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             stats: self.stats.clone(),
         }
     }
+}
+
+/// The history at a block's start: the context's prompt and generated tokens, nothing drafted.
+fn history(ctx: &[u32], prompt_len: usize) -> History<'_> {
+    let (prompt, generated) = ctx.split_at(prompt_len.min(ctx.len()));
+    History { prompt, generated, drafted: &[] }
 }
 
 /// The draft of a plain decoder: it never proposes, so every round is a plain step.

@@ -35,11 +35,30 @@ pub struct NGramDraft {
 }
 
 /// Where a round's first drafted token lands in the context, and the tokens proposed from
-/// there on.
+/// there on: what a lookup drafter needs to tell whether its last block was all accepted.
 #[derive(Debug, Clone, Default)]
-struct Round {
+pub(crate) struct Round {
     at: usize,
     proposed: Vec<u32>,
+}
+
+impl Round {
+    /// Notes a proposal made after `ctx_len` tokens, if it continues the round's block.
+    pub fn propose(&mut self, ctx_len: usize, token: u32) {
+        if ctx_len == self.at + self.proposed.len() {
+            self.proposed.push(token);
+        }
+    }
+
+    /// Starts the next round at the end of `ctx`; returns how long the last block was when
+    /// `ctx` accepted all of it, else 0.
+    pub fn restart(&mut self, ctx: &[u32]) -> usize {
+        let accepted = ctx.get(self.at..).is_some_and(|s| s.starts_with(&self.proposed));
+        let all = if accepted { self.proposed.len() } else { 0 };
+        self.at = ctx.len();
+        self.proposed.clear();
+        all
+    }
 }
 
 /// The longest block [`NGramDraft`] plans: a copied span rarely runs on longer without an
@@ -153,9 +172,7 @@ impl DraftModel for NGramDraft {
         self.ctx.extend_from_slice(tokens);
         let found = self.lookup();
         if let Some(t) = found {
-            if self.ctx.len() == self.round.at + self.round.proposed.len() {
-                self.round.proposed.push(t);
-            }
+            self.round.propose(self.ctx.len(), t);
         }
         Ok(found.map_or(Proposal::Nothing, Proposal::Token))
     }
@@ -166,17 +183,13 @@ impl DraftModel for NGramDraft {
     /// the match is short, and almost never inside a long copied span, which the controller's
     /// one acceptance rate cannot tell apart.
     fn block_len(&mut self, ctx: &[u32], _k: usize, max: usize) -> usize {
-        let mut last = std::mem::take(&mut self.round);
-        let all_accepted =
-            !last.proposed.is_empty() && ctx.get(last.at..).is_some_and(|s| s.starts_with(&last.proposed));
+        let all_accepted = self.round.restart(ctx);
         let len = longest_suffix_match(ctx, self.min_n, self.max_n).map_or(0, |(_, len)| len);
         let n = match (len, all_accepted) {
             (0, _) => 0,
-            (_, true) => len.max(2 * last.proposed.len()),
-            _ => len,
+            (_, 0) => len,
+            (_, last) => len.max(2 * last),
         };
-        last.proposed.clear();
-        self.round = Round { at: ctx.len(), proposed: last.proposed };
         n.min(MAX_BLOCK).min(max)
     }
 

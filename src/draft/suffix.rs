@@ -8,7 +8,7 @@
 //! accepts a point mass on `t` with probability `p(t)` and otherwise draws from the residual,
 //! which leaves the target's law intact whatever the proposal.
 
-use super::ngram::{distinct_matches, longest_suffix_match, MAX_BLOCK};
+use super::ngram::{distinct_matches, longest_suffix_match, Round, MAX_BLOCK};
 use super::suffix_cache::{SuffixCache, ANCHOR};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal, TokenModel};
@@ -42,8 +42,8 @@ pub struct SuffixDraft {
     /// The shortest match it proposes from.
     min_match: usize,
     ctx: Vec<u32>,
-    /// Where the last planned round started and what it proposed (see `block_len`).
-    round: (usize, Vec<u32>),
+    /// The last planned round (see `block_len`).
+    round: Round,
 }
 
 /// A match: its length and what followed it.
@@ -56,7 +56,7 @@ impl SuffixDraft {
     /// None today; kept for settings to come.
     pub fn new(cache: SuffixCache) -> Result<Self> {
         let vocab = cache.vocab();
-        Ok(Self { cache, vocab, min_match: ANCHOR, ctx: Vec::new(), round: (0, Vec::new()) })
+        Ok(Self { cache, vocab, min_match: ANCHOR, ctx: Vec::new(), round: Round::default() })
     }
 
     /// Proposes only from matches of at least `n` tokens (2 by default; `suffix+model` uses
@@ -135,9 +135,7 @@ impl DraftModel for SuffixDraft {
         self.ctx.extend_from_slice(tokens);
         let found = self.best(&self.ctx, 1).and_then(|(_, next)| next.first().copied());
         if let Some(t) = found {
-            if self.ctx.len() == self.round.0 + self.round.1.len() {
-                self.round.1.push(t);
-            }
+            self.round.propose(self.ctx.len(), t);
         }
         Ok(found.map_or(Proposal::Nothing, Proposal::Token))
     }
@@ -146,16 +144,14 @@ impl DraftModel for SuffixDraft {
     /// span), the controller's `k` where it is shorter (none: 0, a plain step), and twice the
     /// last block after a round that accepted all of it; up to `max` and 16.
     fn block_len(&mut self, ctx: &[u32], k: usize, max: usize) -> usize {
-        let (at, proposed) = std::mem::take(&mut self.round);
-        let all_accepted = !proposed.is_empty() && ctx.get(at..).is_some_and(|s| s.starts_with(&proposed));
+        let all_accepted = self.round.restart(ctx);
         let len = self.best(ctx, 1).map_or(0, |(len, _)| len);
         let n = match (len, all_accepted) {
             (0, _) => 0,
-            (_, true) => len.max(2 * proposed.len()),
+            (_, last) if last > 0 => len.max(2 * last),
             (len, _) if len >= LONG_MATCH => len,
             (len, _) => k.min(len),
         };
-        self.round = (ctx.len(), Vec::new());
         n.min(MAX_BLOCK).min(max)
     }
 
