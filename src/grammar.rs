@@ -25,6 +25,10 @@ use crate::error::{Error, Result};
 use crate::sampling::{History, LogitsProcessor, ProcessorFactory};
 use crate::tokenizer::Tokenizer;
 
+/// The whitespace [`Grammar::json`] and [`Grammar::json_schema`] allow between two JSON tokens:
+/// up to 20 spaces, tabs and line breaks (enough for pretty-printed JSON ten levels deep).
+pub const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,20}";
+
 /// A grammar the output must match: JSON, a JSON Schema, a regular expression or a Lark
 /// grammar (llguidance's dialect, with `%json` for embedded schemas).
 #[derive(Debug, Clone)]
@@ -36,14 +40,27 @@ pub struct Grammar {
 impl Grammar {
     /// Any JSON object.
     pub fn json() -> Self {
-        let top = TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" }));
-        Self { top, what: "JSON object".into() }
+        Self::json_grammar(serde_json::json!({ "type": "object" }), "JSON object")
     }
 
     /// JSON that validates against `schema` (llguidance's subset of JSON Schema: an unsupported
     /// keyword is an error at [`compile`](Self::compile)).
+    ///
+    /// Whitespace between JSON tokens is bounded to [`JSON_WHITESPACE`] at each place, as in
+    /// llama.cpp's JSON grammars: unbounded, a sampled model can emit whitespace until the
+    /// token limit (seen after a string cut at its `maxLength`). A schema with its own
+    /// `x-guidance` options (llguidance's `JsonCompileOptions`) keeps them.
     pub fn json_schema(schema: serde_json::Value) -> Self {
-        Self { top: TopLevelGrammar::from_json_schema(schema), what: "JSON schema".into() }
+        Self::json_grammar(schema, "JSON schema")
+    }
+
+    fn json_grammar(mut schema: serde_json::Value, what: &str) -> Self {
+        if let Some(object) = schema.as_object_mut() {
+            object
+                .entry("x-guidance")
+                .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+        }
+        Self { top: TopLevelGrammar::from_json_schema(schema), what: what.into() }
     }
 
     /// Text that matches the regular expression `regex` whole.

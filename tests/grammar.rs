@@ -314,3 +314,24 @@ fn bad_grammars_are_typed_errors_before_any_work() -> Result<()> {
     assert!(matches!(GrammarVocab::from_token_bytes(words(), &[99]), Err(Error::Grammar(_))));
     Ok(())
 }
+
+/// JSON grammars bound the whitespace between two JSON tokens (20 bytes), so that a sampled
+/// model cannot fill the token limit with it; a schema's own `x-guidance` options win.
+#[test]
+fn json_whitespace_is_bounded_unless_the_schema_says_otherwise() -> Result<()> {
+    let tokens = vec![b"{".to_vec(), b"}".to_vec(), b" ".to_vec(), b"\xFF<eos>".to_vec()];
+    let vocab = GrammarVocab::from_token_bytes(tokens, &[3])?;
+    let allows_space = |grammar: Grammar, spaces: usize| -> Result<bool> {
+        let mut p = grammar.compile(&vocab)?();
+        let mut out = vec![0];
+        out.extend(std::iter::repeat_n(2, spaces));
+        let mut row = vec![0.0f32; 4];
+        p.process(&History { prompt: &[3], generated: &out, drafted: &[] }, &mut row)?;
+        Ok(row[2].is_finite())
+    };
+    assert!(allows_space(Grammar::json(), 19)?);
+    assert!(!allows_space(Grammar::json(), 20)?);
+    let unbounded = serde_json::json!({ "type": "object", "x-guidance": { "whitespace_flexible": true } });
+    assert!(allows_space(Grammar::json_schema(unbounded), 200)?);
+    Ok(())
+}

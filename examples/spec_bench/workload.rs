@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use specdec::chat::ChatMessage;
 use specdec::{
-    Drafter, DrafterSpec, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Tokenizer,
+    Drafter, DrafterSpec, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Tokenizer, TreePolicy,
 };
 
 use crate::Args;
@@ -75,13 +75,16 @@ pub fn run(
             "drafter", "tok/s", "speedup", "alpha", "tok/call", "per-request", "match"
         );
         let mut rows = Vec::new();
-        for spec in args.drafters.split(',').filter(|s| !s.is_empty()).map(str::parse::<DrafterSpec>) {
-            let spec = spec?;
+        let specs = args.drafters.split(',').filter(|s| !s.is_empty()).map(str::parse::<DrafterSpec>);
+        let shapes: Vec<TreePolicy> = args.trees.split(',').map(str::parse).collect::<Result<_, _>>()?;
+        for (spec, tree) in specs.collect::<Result<Vec<_>, _>>()?.into_iter().flat_map(|s| shapes.iter().map(move |t| (s.clone(), *t))) {
+            let name = if tree == TreePolicy::default() { spec.to_string() } else { format!("{spec} tree={tree}") };
             let mut verifier = Llama::new(target.clone())?;
             let drafter = Drafter::build(&spec, files, &mut verifier, tok, &device)?;
             let policy: KPolicy = args.ks.split(',').next().unwrap_or("auto").parse()?;
             let mut dec = SpeculativeDecoder::builder(verifier, drafter)
                 .k_policy(policy)
+                .tree(tree)
                 .sampling(sampling.clone())
                 .stop_tokens(stop.clone())
                 .build()?;
@@ -101,7 +104,7 @@ pub fn run(
             let whole = pass.tok_s() / base.tok_s();
             println!(
                 "{:<40} {:>8.1} {:>8.2} {:>8.3} {:>9.2} {:>10} {:>6}",
-                spec.to_string(),
+                name,
                 pass.tok_s(),
                 whole,
                 alpha,
@@ -110,11 +113,11 @@ pub fn run(
                 same.map_or("-", |s| if s { "yes" } else { "NO" })
             );
             eprintln!(
-                "  {spec}: per request {}",
+                "  {name}: per request {}",
                 speedups.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join(" ")
             );
             rows.push(json!({
-                "drafter": spec.to_string(), "temperature": temp, "tok_s": pass.tok_s(), "plain_tok_s": base.tok_s(),
+                "drafter": spec.to_string(), "tree": tree.to_string(), "temperature": temp, "tok_s": pass.tok_s(), "plain_tok_s": base.tok_s(),
                 "speedup": whole, "acceptance_rate": alpha, "tokens_per_target_call": per_call,
                 "per_request_speedups": speedups, "greedy_match": same,
             }));
