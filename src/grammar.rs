@@ -56,9 +56,7 @@ impl Grammar {
 
     fn json_grammar(mut schema: serde_json::Value, what: &str) -> Self {
         if let Some(object) = schema.as_object_mut() {
-            object
-                .entry("x-guidance")
-                .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+            object.entry("x-guidance").or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
         }
         Self { top: TopLevelGrammar::from_json_schema(schema), what: what.into() }
     }

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use specdec::chat::ChatMessage;
 use specdec::{
-    Drafter, DrafterSpec, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Tokenizer, TreePolicy,
+    Drafter, DrafterSpec, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Tokenizer,
+    TreePolicy,
 };
 
 use crate::Args;
@@ -77,7 +78,9 @@ pub fn run(
         let mut rows = Vec::new();
         let specs = args.drafters.split(',').filter(|s| !s.is_empty()).map(str::parse::<DrafterSpec>);
         let shapes: Vec<TreePolicy> = args.trees.split(',').map(str::parse).collect::<Result<_, _>>()?;
-        for (spec, tree) in specs.collect::<Result<Vec<_>, _>>()?.into_iter().flat_map(|s| shapes.iter().map(move |t| (s.clone(), *t))) {
+        for (spec, tree) in
+            specs.collect::<Result<Vec<_>, _>>()?.into_iter().flat_map(|s| shapes.iter().map(move |t| (s.clone(), *t)))
+        {
             let name = if tree == TreePolicy::default() { spec.to_string() } else { format!("{spec} tree={tree}") };
             let mut verifier = Llama::new(target.clone())?;
             let drafter = Drafter::build(&spec, files, &mut verifier, tok, &device)?;
