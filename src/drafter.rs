@@ -248,6 +248,31 @@ impl Drafter {
         )?))
     }
 
+    /// A drafter of the same kind for another sequence: model drafts over the same weights
+    /// and blocks (each with its whole vocabulary: a batch's drafts then share one head), the
+    /// same suffix cache, fresh contexts. What a server makes for each slot of its batch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for heads and cross-vocabulary drafts (one per target
+    /// instance: build them with [`build`](Self::build)).
+    pub fn fork(&self) -> Result<Self> {
+        let model = |m: &Llama| Llama::with_layers(m.weights().clone(), m.layers().to_vec());
+        Ok(match self {
+            Self::Model(m) => Self::Model(model(m)?),
+            Self::NGram(n) => Self::NGram(n.fork()),
+            Self::Lookup(l) => Self::Lookup(LookupOr::new(model(l.model())?)?),
+            Self::Suffix(s) => Self::Suffix(s.fork()),
+            Self::SuffixModel(l) => Self::SuffixModel(LookupOr::with_lookup(l.lookup().fork(), model(l.model())?)?),
+            _ => {
+                return Err(Error::setting(
+                    "drafter",
+                    "a head or cross-vocabulary draft",
+                    "a model, n-gram, lookup or suffix drafter",
+                ))
+            }
+        })
+    }
+
     /// The suffix cache of a `suffix` or `suffix+model` drafter (a clone that shares it: save
     /// it at the end of a session).
     pub fn suffix_cache(&self) -> Option<SuffixCache> {

@@ -112,6 +112,15 @@ pub enum Error {
     #[error("tool `{tool}`: {reason}")]
     Tool { tool: String, reason: String },
 
+    /// A server's queue is full (see [`crate::serve`]): try again later.
+    #[error("the server is busy: {queued} requests are already waiting")]
+    Busy { queued: usize },
+
+    /// A panic caught while serving a request, with its message: that request failed, the
+    /// server goes on.
+    #[error("a panic while serving the request: {0}")]
+    Panicked(String),
+
     /// An error from candle.
     #[error(transparent)]
     #[cfg(feature = "models")]

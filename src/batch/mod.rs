@@ -285,6 +285,37 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         Ok(new)
     }
 
+    /// One step for sequence `id` alone, the others waiting untouched: what a server does after
+    /// a failed [`step`](Self::step) to find the sequence that failed (see [`crate::serve`]).
+    /// Returns its new tokens. A panic in the step reaches the caller as from `step`, with the
+    /// other sequences kept.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when no running sequence has that id; as [`step`](Self::step).
+    pub fn step_alone(&mut self, id: SeqId) -> Result<Vec<u32>> {
+        let Some(i) = self.driver.members.iter().position(|m| m.id == id) else {
+            return Err(Error::setting("sequence", id.0, "a running sequence of this batch"));
+        };
+        // After a step that unwound, the others are rolled back now: the alone step that
+        // follows would roll back only this one.
+        self.driver.resync();
+        let mut others = std::mem::take(&mut self.driver.members);
+        self.driver.members.push(others.remove(i));
+        let before = self.driver.members[0].seq.ctx().len();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.driver.step()));
+        let new = self.driver.members.first().map_or(Vec::new(), |m| m.seq.ctx()[before..].to_vec());
+        others.insert(i.min(others.len()), self.driver.members.pop().expect("the sequence stepped"));
+        self.driver.members = others;
+        let result = result.unwrap_or_else(|payload| std::panic::resume_unwind(payload));
+        self.retire();
+        result.map(|()| new)
+    }
+
+    /// The statistics so far of running sequence `id`.
+    pub fn stats(&self, id: SeqId) -> Option<&crate::stats::Stats> {
+        self.driver.members.iter().find(|m| m.id == id).map(|m| &m.seq.stats)
+    }
+
     /// Moves finished sequences to the finished list.
     fn retire(&mut self) {
         let mut i = 0;

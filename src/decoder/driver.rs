@@ -49,11 +49,8 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
     /// # Errors
     /// [`Error::NotReady`] while a roll-back fails; model failures.
     pub fn step(&mut self) -> Result<()> {
-        if !self.ready {
-            self.ready = self.members.iter_mut().all(|m| m.seq.resync());
-            if !self.ready {
-                return Err(Error::NotReady("a failed round could not roll the models back"));
-            }
+        if !self.resync() {
+            return Err(Error::NotReady("a failed round could not roll the models back"));
         }
         // False until the round returns: a round that unwinds leaves it so.
         self.ready = false;
@@ -64,8 +61,19 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         for (m, _) in self.members.iter_mut().zip(running).filter(|(_, r)| *r) {
             m.seq.stats.decode_secs += secs;
         }
-        self.ready = result.is_ok() || self.members.iter_mut().all(|m| m.seq.resync());
+        self.ready = result.is_ok();
+        self.resync();
         result
+    }
+
+    /// After a failed or unwound round, rolls every sequence back to the tokens it kept (each
+    /// one, even after one that fails). True when all hold exactly those.
+    pub fn resync(&mut self) -> bool {
+        if !self.ready {
+            let synced: Vec<bool> = self.members.iter_mut().map(|m| m.seq.resync()).collect();
+            self.ready = synced.iter().all(|&ok| ok);
+        }
+        self.ready
     }
 
     /// Tree rounds for the sequences that pick one, then one chain round for the rest.

@@ -92,6 +92,11 @@ impl NGramDraft {
         Ok(Self { vocab, min_n, max_n, ctx: Vec::new(), round: Round::default() })
     }
 
+    /// A drafter with this one's settings and no context: another sequence's.
+    pub fn fork(&self) -> Self {
+        Self { vocab: self.vocab, min_n: self.min_n, max_n: self.max_n, ctx: Vec::new(), round: Round::default() }
+    }
+
     /// The tokens the drafter holds.
     pub fn context(&self) -> &[u32] {
         &self.ctx

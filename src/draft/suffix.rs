@@ -59,6 +59,18 @@ impl SuffixDraft {
         Ok(Self { cache, vocab, min_match: ANCHOR, ctx: Vec::new(), round: Round::default() })
     }
 
+    /// A drafter with this one's cache and settings and no request yet: another sequence's,
+    /// sharing the cache.
+    pub fn fork(&self) -> Self {
+        Self {
+            cache: self.cache.clone(),
+            vocab: self.vocab,
+            min_match: self.min_match,
+            ctx: Vec::new(),
+            round: Round::default(),
+        }
+    }
+
     /// Proposes only from matches of at least `n` tokens (2 by default; `suffix+model` uses
     /// 4, where shorter matches are too often wrong to stand in for the model).
     ///

@@ -17,6 +17,7 @@ pub(crate) enum RopeLayout {
     Interleaved,
     /// Elements `i` and `i + head_dim / 2`: HF's order, which draft heads keep (a head trains
     /// on its files' own tensors, so it cannot hold reordered copies).
+    #[cfg_attr(not(feature = "heads"), allow(dead_code))] // used by the draft heads
     Halves,
 }
 
@@ -191,6 +192,7 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, layout: RopeLayout, differenti
 ///
 /// # Errors
 /// Backend failures.
+#[cfg_attr(not(feature = "heads"), allow(dead_code))] // used by the draft heads
 pub(crate) fn rope_rows(positions: &[usize], head_dim: usize, theta: f32, device: &Device) -> Result<(Tensor, Tensor)> {
     let angles = rope_angles(theta, head_dim, positions.iter().copied());
     let angles = Tensor::from_vec(angles, (positions.len(), head_dim / 2), device)?;

@@ -39,6 +39,7 @@ impl KvCache {
     ///
     /// # Errors
     /// Backend failures.
+    #[cfg_attr(not(feature = "heads"), allow(dead_code))] // used by the draft heads
     pub fn differentiable(kv_heads: usize, head_dim: usize, device: &Device) -> Result<Self> {
         Ok(Self { differentiable: true, ..Self::new(kv_heads, head_dim, 0, device)? })
     }
@@ -49,6 +50,7 @@ impl KvCache {
     }
 
     /// Live positions.
+    #[cfg_attr(not(feature = "heads"), allow(dead_code))] // used by the draft heads
     pub fn len(&self) -> usize {
         self.len
     }
