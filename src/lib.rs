@@ -86,6 +86,8 @@
 //! - `heads`: EAGLE-1/2, EAGLE-3 and Medusa draft heads on the target's hidden states.
 //! - `drafter`: `Drafter`, the drafter chosen at run time from a `DrafterSpec`.
 //! - `tools`: tool-call speculation for agent loops.
+//! - `serve`: a scheduler thread owning a [`BatchDecoder`], requests from any thread with
+//!   streams of events, limits, metrics (the HTTP server is the `specdec-server` crate).
 //! - [`toy`]: Markov-chain models for tests and simulation.
 //!
 //! ## Layers
@@ -97,7 +99,7 @@
 //! 4. `decoder` (with `Sequence`, the sequence engine every decoder runs), then `plain` and
 //!    `batch`;
 //! 5. `models`, `chat`, `tokenizer`, then `grammar`, `loading`, then `heads`, then `drafter`;
-//! 6. `tools`.
+//! 6. `tools`, `serve`.
 //!
 //! ## Features
 //! All on by default, so that the README's commands work as written:
@@ -107,6 +109,8 @@
 //! - `hub`: models and heads named by a hub id, `hf:org/name` (hf-hub);
 //! - `heads`: draft heads; `train`: training them;
 //! - `tools`: tool-call speculation;
+//! - `grammar`: grammars as logits processors (llguidance);
+//! - `serve`: the serving scheduler;
 //! - `cuda` (off by default): candle's CUDA backend.
 //!
 //! With `default-features = false` the crate is the decoders, the kernel, the traits, the
@@ -140,6 +144,8 @@ pub mod model;
 pub mod models;
 pub mod plain;
 pub mod sampling;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod stats;
 pub mod stop;
 #[cfg(feature = "llama")]
