@@ -112,7 +112,7 @@ pub enum Error {
     #[error("tool `{tool}`: {reason}")]
     Tool { tool: String, reason: String },
 
-    /// A server's queue is full (see [`crate::serve`]): try again later.
+    /// A server's queue is full (the `serve` module): try again later.
     #[error("the server is busy: {queued} requests are already waiting")]
     Busy { queued: usize },
 

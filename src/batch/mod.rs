@@ -286,7 +286,7 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     }
 
     /// One step for sequence `id` alone, the others waiting untouched: what a server does after
-    /// a failed [`step`](Self::step) to find the sequence that failed (see [`crate::serve`]).
+    /// a failed [`step`](Self::step) to find the sequence that failed (see the `serve` module).
     /// Returns its new tokens. A panic in the step reaches the caller as from `step`, with the
     /// other sequences kept.
     ///
