@@ -249,14 +249,19 @@ impl Drafter {
     }
 
     /// A drafter of the same kind for another sequence: model drafts over the same weights
-    /// and blocks (each with its whole vocabulary: a batch's drafts then share one head), the
-    /// same suffix cache, fresh contexts. What a server makes for each slot of its batch.
+    /// and blocks, limited to the same vocabulary entries (each with its own copy of those
+    /// rows, which its context's ids extend), the same suffix cache, fresh contexts. What a
+    /// server makes for each slot of its batch.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] for heads and cross-vocabulary drafts (one per target
     /// instance: build them with [`build`](Self::build)).
     pub fn fork(&self) -> Result<Self> {
-        let model = |m: &Llama| Llama::with_layers(m.weights().clone(), m.layers().to_vec());
+        let model = |m: &Llama| -> Result<Llama> {
+            let mut fork = Llama::with_layers(m.weights().clone(), m.layers().to_vec())?;
+            fork.limit_output(m.output_ids())?;
+            Ok(fork)
+        };
         Ok(match self {
             Self::Model(m) => Self::Model(model(m)?),
             Self::NGram(n) => Self::NGram(n.fork()),

@@ -122,8 +122,8 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
             ("n-gram or 0.5B, k = 4", Drafter::Lookup(LookupOr::new(Llama::new(draft.clone())?)?), Some(4)),
             ("0.5B over part of the vocabulary, adaptive k", limited(Llama::new(draft.clone())?, &tok)?, None),
             (
-                "0.5B as `model:PATH` builds it (compact: Q4_1 for its wider types), k = 3",
-                built_draft(&target, &tok)?,
+                "0.5B as `model:PATH` builds it (compact: Q4_1 for its wider types), forked as a server's slot, k = 3",
+                forked(built_draft(&target, &tok)?)?,
                 Some(3),
             ),
         ];
@@ -155,6 +155,15 @@ fn built_draft(target: &Arc<LlamaWeights>, tok: &Tokenizer) -> Result<Drafter> {
     let drafter = Drafter::build(&spec, &files, &mut Llama::new(target.clone())?, tok, &candle_core::Device::Cpu)?;
     assert!(matches!(drafter, Drafter::Model(_)), "{spec}");
     Ok(drafter)
+}
+
+/// A drafter's fork for another sequence (what a server makes for each slot): the same
+/// limit on the draft's vocabulary.
+fn forked(drafter: Drafter) -> Result<Drafter> {
+    let fork = drafter.fork()?;
+    assert!(drafter.note().is_some(), "the built draft is limited");
+    assert_eq!(fork.note(), drafter.note());
+    Ok(fork)
 }
 
 /// A model draft that scores only the first [`DRAFT_VOCAB`] ids and the added tokens, as

@@ -190,6 +190,11 @@ impl Llama {
         self.output_ids.as_ref().map(|(ids, _)| ids.len())
     }
 
+    /// The vocabulary entries this model's logits are limited to, if they are.
+    pub(crate) fn output_ids(&self) -> Option<&[u32]> {
+        self.output_ids.as_ref().map(|(ids, _)| &ids[..])
+    }
+
     /// Adds to the output limit (see [`limit_output`](Self::limit_output)) the ids of `tokens`
     /// it leaves out, so that a draft limited to part of its vocabulary can still propose
     /// what its context holds: a prompt's rare identifier, for one, which code edits copy.
