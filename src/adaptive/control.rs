@@ -30,10 +30,18 @@ impl SeqControl {
 
     /// The k of the next round: the policy's (fixed, the grow/shrink running k), or under the
     /// adaptive policy the cost model's choice `best` unless the prober measures or probes,
-    /// within the longest block `max`.
-    pub fn next_k(&mut self, policy: KPolicy, best: usize, max: usize, costs: &CostModel) -> usize {
+    /// within the longest block `max`. `probe_loss`: the tokens a k = 1 probe from plain
+    /// decoding loses in a batch (see [`CostModel::probe_loss`]); `None` for one sequence.
+    pub fn next_k(
+        &mut self,
+        policy: KPolicy,
+        best: usize,
+        max: usize,
+        costs: &CostModel,
+        probe_loss: Option<f64>,
+    ) -> usize {
         if let KPolicy::Adaptive { .. } = policy {
-            self.k = self.prober.next_k(best, max, costs, self.acceptance.alpha());
+            self.k = self.prober.next_k(best, max, costs, self.acceptance.alpha(), probe_loss);
         }
         self.k
     }

@@ -270,6 +270,23 @@ impl CostModel {
         Some(self.target_secs(rows)? + drafting + catch_up + other)
     }
 
+    /// The tokens a batch loses when sequence `i` alone drafts one token (a probe) in a step
+    /// the policy runs plainly: the probe step's predicted tokens times how much faster plain
+    /// steps yield them, less one. The probe pays its draft's whole catch-up, where a draft
+    /// that starts drafting for good spreads it over the steps to come (`None` before T is
+    /// measured).
+    pub fn probe_loss(&self, seqs: &[Candidate], i: usize) -> Option<f64> {
+        let mut seqs = seqs.to_vec();
+        seqs.get_mut(i)?.remaining = 1;
+        let seqs = &seqs[..];
+        let plain = vec![0; seqs.len()];
+        let mut probe = plain.clone();
+        *probe.get_mut(i)? = 1;
+        let tokens: f64 = seqs.iter().zip(&probe).map(|(s, &k)| expected_tokens_per_call(k as f64, s.alpha)).sum();
+        let (plain, probe) = (self.throughput(seqs, &plain)?, self.throughput(seqs, &probe)?);
+        Some(tokens * (plain / probe.max(1e-12) - 1.0))
+    }
+
     /// The share of this step in the catch-up of the drafts that start drafting: one batched
     /// call over all their missed tokens, spread over the steps each has left (as if it kept
     /// drafting), but over no more than 16, so that drafting starts only where it pays the
@@ -437,6 +454,21 @@ mod tests {
         // Limits hold, and nothing is drafted before T is measured.
         assert!(c.choose(&[seq(0.9, 1), seq(0.9, 0)]).iter().zip([1, 0]).all(|(k, l)| *k <= l));
         assert_eq!(CostModel::default().choose(&[seq(0.9, 4)]), vec![0]);
+    }
+
+    #[test]
+    fn a_probe_in_a_large_batch_costs_the_batch_tokens() {
+        let c = costs(1.0);
+        // Alone, drafting one token beats a plain step: a probe loses nothing.
+        assert!(c.probe_loss(&[seq(0.8, 8)], 0).unwrap() < 0.0);
+        // In a batch of 16 that steps plainly, the probe adds a row and a draft call to a step
+        // of all 16, and the draft's whole catch-up where it fell behind.
+        let batch = vec![seq(0.8, 8); 16];
+        assert!(c.choose(&batch).iter().all(|&k| k == 0));
+        let in_step = c.probe_loss(&batch, 3).unwrap();
+        let behind = c.probe_loss(&vec![Candidate { behind: 40, ..seq(0.8, 8) }; 16], 3).unwrap();
+        assert!(in_step > 0.0 && behind > in_step + 0.5, "{in_step} {behind}");
+        assert_eq!(c.probe_loss(&batch, 16), None);
     }
 
     #[test]

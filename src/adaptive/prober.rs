@@ -42,8 +42,16 @@ impl Prober {
     }
 
     /// The k of the next round, in `0..=max`: `best`, the k the cost model chose at the
-    /// estimated acceptance `alpha`, or a probe (1 until the costs are measured).
-    pub(crate) fn next_k(&mut self, best: usize, max: usize, costs: &CostModel, alpha: f64) -> usize {
+    /// estimated acceptance `alpha`, or a probe (1 until the costs are measured). `probe_loss`:
+    /// the tokens a probe from plain decoding loses in a batch (`None`: one sequence's loss).
+    pub(crate) fn next_k(
+        &mut self,
+        best: usize,
+        max: usize,
+        costs: &CostModel,
+        alpha: f64,
+        probe_loss: Option<f64>,
+    ) -> usize {
         if !measured(costs) {
             // The draft's cost is still unknown: one drafted token measures it, where a block
             // would risk several calls of a draft that may cost more than the target.
@@ -57,7 +65,7 @@ impl Prober {
         let gap = match best {
             // Each slow probe in a row doubles the wait: a short generation pays for the first
             // round's measurement alone, a long one for 3 probes in all.
-            0 => plain_probe_gap(costs, alpha, max) << self.slow_probes,
+            0 => plain_probe_gap(costs, alpha, max, probe_loss) << self.slow_probes,
             _ => PROBE_EVERY,
         };
         self.since_probe += 1;
@@ -122,11 +130,15 @@ fn too_slow(costs: &CostModel, round: &RoundReport, max_rows: usize) -> bool {
 /// time plain decoding yields E / S(1), so it loses E / S(1) − E tokens; at [`PROBE_BUDGET`]
 /// tokens earned per round, that takes that many rounds (at least 2: when k = 1 is nearly as
 /// good as plain decoding, probing it often costs little and settles the choice quickly; at
-/// most [`PROBE_MAX_GAP`]).
-fn plain_probe_gap(costs: &CostModel, alpha: f64, max: usize) -> usize {
+/// most [`PROBE_MAX_GAP`]). In a batch the loss is the batch's (`probe_loss`): a probe there
+/// turns a plain step of all the sequences into a drafting one, where the draft catches up
+/// on what it missed; one sequence's rule would probe every other step, because a draft that
+/// pays alone (the batch chose plain steps for the others' sake) loses nothing by it.
+fn plain_probe_gap(costs: &CostModel, alpha: f64, max: usize, probe_loss: Option<f64>) -> usize {
     let (draft, verify) = unit_costs(costs, max);
     let (tokens, speedup) = (1.0 + alpha, expected_speedup(1, alpha, draft, &verify));
-    let loss = if speedup > 0.0 { tokens / speedup - tokens } else { f64::INFINITY };
+    let alone = if speedup > 0.0 { tokens / speedup - tokens } else { f64::INFINITY };
+    let loss = probe_loss.unwrap_or(alone);
     // `as` saturates, and turns NaN (which cannot arise here) into 0, then 2.
     ((loss / PROBE_BUDGET).ceil() as usize).clamp(2, PROBE_MAX_GAP)
 }

@@ -261,9 +261,11 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         let best = if candidates.is_empty() { vec![0; idx.len()] } else { self.costs.choose(&candidates) };
         let (policy, costs) = (self.policy, &self.costs);
         let mut ks = Vec::with_capacity(idx.len());
-        for ((&i, b), limit) in idx.iter().zip(best).zip(limits) {
+        for (pos, ((&i, b), limit)) in idx.iter().zip(best).zip(limits).enumerate() {
             let m = &mut self.members[i];
-            let k = m.ctl.next_k(policy, b, longest, costs);
+            // A probe from plain steps costs the whole batch's step (one sequence: its own).
+            let probe_loss = (b == 0 && candidates.len() > 1).then(|| costs.probe_loss(&candidates, pos)).flatten();
+            let k = m.ctl.next_k(policy, b, longest, costs, probe_loss);
             // A request's own k beats the policy's; then the draft may adjust its block (see
             // `DraftModel::block_len`) within the longest allowed.
             let (k, max) = m.fixed_k.map_or((k, longest), |own| (own, own));
@@ -302,6 +304,11 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             D::propose_batch(&mut drafts, &feeds)?;
         }
         let secs = self.clock.seconds() - start;
+        // Timed like any draft call, so that the next catch-up is priced by what one costs
+        // (a long one is compute-bound, past the line through the drafting calls' few rows).
+        if !caught.is_empty() {
+            self.costs.observe_draft(feeds.iter().map(|f| f.len()).sum(), secs);
+        }
         for &i in &caught {
             let stats = &mut self.members[i].seq.stats;
             stats.draft_calls += 1;
