@@ -6,8 +6,8 @@ or llama.cpp's llama-server, the same prompts and settings. Standard library onl
 
 Each of C clients sends `--requests` streamed chat requests one after another (prompts from
 `--prompts`, in turn); a row reports the tokens of all requests over the wall time, the mean
-time to first token, and the mean per-request tokens per second. `--json` adds one JSON line a
-row."""
+time to first token, the mean per-request tokens per second, and the same after the first token
+(decoding alone, prefill left out). `--json` adds one JSON line a row."""
 import argparse
 import json
 import threading
@@ -56,7 +56,7 @@ def main():
     a = ap.parse_args()
     prompts = [l.strip() for l in open(a.prompts) if l.strip()]
     one(a.base, a.model, prompts[0], 8, a.temperature)  # warm-up
-    print(f"{'label':<28} {'clients':>7} {'tokens':>7} {'secs':>7} {'tok/s':>8} {'ttft s':>7} {'tok/s/req':>9}")
+    print(f"{'label':<28} {'clients':>7} {'tokens':>7} {'secs':>7} {'tok/s':>8} {'ttft s':>7} {'tok/s/req':>9} {'decode/req':>10}")
     for c in [int(x) for x in a.concurrency.split(",")]:
         results, lock = [], threading.Lock()
 
@@ -76,10 +76,12 @@ def main():
         tokens = sum(r[0] for r in results)
         ttft = sum(r[1] for r in results) / len(results)
         per_req = sum(r[0] / r[2] for r in results) / len(results)
-        print(f"{a.label:<28} {c:>7} {tokens:>7} {secs:>7.1f} {tokens / secs:>8.1f} {ttft:>7.2f} {per_req:>9.1f}")
+        decode = sum((r[0] - 1) / max(r[2] - r[1], 1e-9) for r in results) / len(results)
+        print(f"{a.label:<28} {c:>7} {tokens:>7} {secs:>7.1f} {tokens / secs:>8.1f} {ttft:>7.2f} {per_req:>9.1f} {decode:>10.1f}")
         if a.json:
             print(json.dumps({"label": a.label, "clients": c, "tokens": tokens, "secs": secs,
-                              "tok_s": tokens / secs, "ttft_s": ttft, "tok_s_per_request": per_req}))
+                              "tok_s": tokens / secs, "ttft_s": ttft, "tok_s_per_request": per_req,
+                              "decode_tok_s_per_request": decode}))
 
 
 if __name__ == "__main__":
