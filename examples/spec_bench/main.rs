@@ -108,6 +108,10 @@ pub struct Args {
     /// of --ks.
     #[arg(long, value_name = "FILE.jsonl")]
     workload: Option<String>,
+    /// With --workload: write each request's rendered prompt to DIR/NNN.txt and its
+    /// max_tokens to DIR/NNN.n (for running a peer on the same trace), then stop.
+    #[arg(long, value_name = "DIR")]
+    dump_prompts: Option<String>,
     /// End with one JSON line.
     #[arg(long)]
     json: bool,

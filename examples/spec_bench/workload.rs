@@ -1,8 +1,8 @@
 //! `--workload FILE.jsonl`: replays a trace of requests in order (one JSON object a line:
 //! `{"session", "messages": [{"role", "content"}, …], "max_tokens"}`, rendered with the model's
-//! chat template), plain decoding once and each drafter once, the drafter kept from request to
-//! request (a suffix drafter's cache grows with the trace), and reports per-request and
-//! whole-trace speedups against the plain run of the same session.
+//! chat template): plain decoding, each drafter once (kept from request to request: a suffix
+//! drafter's cache grows with the trace), then plain again (the machine's drift shows); reports
+//! per-request and whole-trace speedups against the first plain run of the same session.
 
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -51,8 +51,17 @@ pub fn run(
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).with_context(|| format!("a line of {path}")))
         .collect::<Result<_>>()?;
-    let prompts: Vec<Vec<u32>> =
-        lines.iter().map(|l| Ok(tok.encode(&tok.chat(&l.messages)?)?)).collect::<Result<_>>()?;
+    let texts: Vec<String> = lines.iter().map(|l| Ok(tok.chat(&l.messages)?)).collect::<Result<_>>()?;
+    if let Some(dir) = &args.dump_prompts {
+        std::fs::create_dir_all(dir)?;
+        for (i, (text, line)) in texts.iter().zip(&lines).enumerate() {
+            std::fs::write(format!("{dir}/{i:03}.txt"), text)?;
+            std::fs::write(format!("{dir}/{i:03}.n"), line.max_tokens.to_string())?;
+        }
+        println!("wrote {} prompts to {dir}", texts.len());
+        return Ok(());
+    }
+    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| Ok(tok.encode(t)?)).collect::<Result<_>>()?;
     let stop = if args.ignore_eos { Vec::new() } else { tok.stop_ids() };
     let sessions: std::collections::BTreeSet<&str> = lines.iter().map(|l| l.session.as_str()).collect();
     let mean_prompt = prompts.iter().map(Vec::len).sum::<usize>() / prompts.len().max(1);
@@ -125,8 +134,23 @@ pub fn run(
                 "per_request_speedups": speedups, "greedy_match": same,
             }));
         }
+        // Plain again, so that the machine's drift over the rows shows.
+        let again = replay(&lines, &prompts, |p, n| {
+            plain.set_max_new_tokens(n);
+            Ok(plain.generate(p)?)
+        })?;
+        println!(
+            "plain again after the drafters: {:.1} tok/s ({:+.1} %)",
+            again.tok_s(),
+            100.0 * (again.tok_s() / base.tok_s() - 1.0)
+        );
         if args.json {
-            println!("{}", json!({ "workload": path, "kernels": specdec::cpu::kernels().to_string(), "rows": rows }));
+            let (before, after) = (base.tok_s(), again.tok_s());
+            let kernels = specdec::cpu::kernels().to_string();
+            println!(
+                "{}",
+                json!({ "workload": path, "kernels": kernels, "plain_tok_s": [before, after], "rows": rows })
+            );
         }
     }
     Ok(())
