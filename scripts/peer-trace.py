@@ -39,7 +39,7 @@ def via_server(url, text, n, temperature, seed):
 def via_lookup(binary, model, cache, text, n, temperature, seed, draft_max):
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(text)
-    cmd = [binary, "-m", model, "-f", f.name, "-n", str(n), "-t", "2", "-tb", "2", "-c", "4096",
+    cmd = [binary, "-m", model, "-f", f.name, "-n", str(n), "-t", "2", "-tb", "2", "-c", "4096", "-b", "4096",
            "--temp", str(temperature), "--seed", str(seed), "--spec-draft-n-max", str(draft_max), "-lcd", cache]
     out = subprocess.run(cmd, capture_output=True, text=True)
     os.unlink(f.name)
