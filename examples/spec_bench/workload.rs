@@ -75,10 +75,7 @@ pub fn run(
         let sampling = SamplingConfig::new(temp)?.with_seed(args.seed);
         let mut plain = PlainDecoder::new(Llama::new(target.clone())?, sampling.clone()).stop_tokens(stop.clone());
         plain.generate(&prompts[0])?; // warm-up
-        let base = replay(&lines, &prompts, |p, n| {
-            plain.set_max_new_tokens(n);
-            Ok(plain.generate(p)?)
-        })?;
+        let base = replay_plain(&lines, &prompts, &mut plain)?;
         println!("temperature {temp}: plain {:.1} tok/s over the trace", base.tok_s());
         println!(
             "{:<40} {:>8} {:>8} {:>8} {:>9} {:>10} {:>6}",
@@ -135,10 +132,7 @@ pub fn run(
             }));
         }
         // Plain again, so that the machine's drift over the rows shows.
-        let again = replay(&lines, &prompts, |p, n| {
-            plain.set_max_new_tokens(n);
-            Ok(plain.generate(p)?)
-        })?;
+        let again = replay_plain(&lines, &prompts, &mut plain)?;
         println!(
             "plain again after the drafters: {:.1} tok/s ({:+.1} %)",
             again.tok_s(),
@@ -154,6 +148,14 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// Plain decoding over the trace in order.
+fn replay_plain(lines: &[Line], prompts: &[Vec<u32>], plain: &mut PlainDecoder<Llama>) -> Result<Pass> {
+    replay(lines, prompts, |p, n| {
+        plain.set_max_new_tokens(n);
+        Ok(plain.generate(p)?)
+    })
 }
 
 /// Runs `generate(prompt, max_tokens)` over the trace in order.
