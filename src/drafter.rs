@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "heads")]
 use crate::heads::{EagleVersion, HeadDraft};
 use crate::loading::{check_compatible, ModelFiles};
-use crate::model::{DraftModel, Proposal, TokenModel};
+use crate::model::{DraftModel, KvRows, Proposal, TokenModel};
 use crate::models::{Llama, WeightFormat};
 use crate::tokenizer::Tokenizer;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
@@ -397,6 +397,24 @@ impl TokenModel for Drafter {
             #[cfg(feature = "heads")]
             Self::Head(h) => h.truncate(len),
             Self::Cross(c) => c.truncate(len),
+        }
+    }
+
+    fn save_rows(&self, from: usize) -> Option<KvRows> {
+        match self {
+            Self::Model(m) => m.save_rows(from),
+            Self::Lookup(l) => l.save_rows(from),
+            Self::SuffixModel(l) => l.save_rows(from),
+            _ => None,
+        }
+    }
+
+    fn restore_rows(&mut self, tokens: &[u32], rows: &KvRows) -> Result<bool> {
+        match self {
+            Self::Model(m) => m.restore_rows(tokens, rows),
+            Self::Lookup(l) => l.restore_rows(tokens, rows),
+            Self::SuffixModel(l) => l.restore_rows(tokens, rows),
+            _ => Ok(false),
         }
     }
 }

@@ -77,6 +77,8 @@
 //!   k of each that pays at the batch's size.
 //! - [`draft`]: [`NGramDraft`] (prompt lookup), [`LookupOr`] (lookup where it matches, a
 //!   model elsewhere) and [`CrossVocabDraft`] (a draft model with another tokenizer).
+//! - [`prefix`]: [`PrefixCache`], the models' states for prompts and outputs seen before,
+//!   so that a resent conversation is prefilled once.
 //! - [`adaptive`]: choosing k each round ([`KPolicy`], [`KController`]).
 //! - [`stats`]: counters, timings, the [`Clock`] they are read on, and the seed's speedup
 //!   formulas.
@@ -94,7 +96,8 @@
 //! Each module imports only the modules listed before it (tests aside; `tests/layers.rs`
 //! checks this list against the sources):
 //! 1. `error`, `cpu`, `stats`, `math`, `stop`;
-//! 2. `sampling`, then `kernel`, then `tree`, then `model` (the traits), then `toy`;
+//! 2. `sampling`, then `kernel`, then `tree`, then `model` (the traits), then `prefix` (the
+//!    prefix cache), then `toy`;
 //! 3. `adaptive`, `draft`;
 //! 4. `decoder` (with `Sequence`, the sequence engine every decoder runs), then `plain` and
 //!    `batch`;
@@ -143,6 +146,7 @@ pub mod model;
 #[cfg(feature = "models")]
 pub mod models;
 pub mod plain;
+pub mod prefix;
 pub mod sampling;
 #[cfg(feature = "serve")]
 pub mod serve;
@@ -164,10 +168,11 @@ pub use drafter::{Drafter, DrafterSpec, DRAFT_VOCAB};
 pub use error::{Error, Result};
 #[cfg(feature = "llama")]
 pub use loading::{check_compatible, device, ModelFiles};
-pub use model::{DraftModel, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
+pub use model::{DraftModel, KvRows, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
 #[cfg(feature = "models")]
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;
+pub use prefix::{PrefixCache, PrefixStats};
 pub use sampling::{History, LogitsProcessor, SamplingConfig};
 pub use stats::{Clock, FinishReason, Generation, Stats};
 pub use stop::StopRule;

@@ -7,6 +7,7 @@ use crate::adaptive::{Acceptance, CostModel, KPolicy, Prober, TreePolicy};
 use crate::decoder::{Driver, Member, NoDraft, SeqId, Start};
 use crate::error::Result;
 use crate::model::TargetModel;
+use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, Generation};
 use crate::stop::StopRule;
@@ -49,6 +50,13 @@ impl<T: TargetModel> PlainDecoder<T> {
     pub fn clock(mut self, clock: Clock) -> Self {
         self.driver.clock = clock.clone();
         self.member_mut().seq.clock = clock;
+        self
+    }
+
+    /// Starts each generation from the longest prefix of its prompt that `cache` holds and
+    /// leaves its context there when it ends (see [`PrefixCache`]); the output is the same.
+    pub fn prefix_cache(mut self, cache: PrefixCache) -> Self {
+        self.member_mut().seq.prefix = Some(cache);
         self
     }
 
@@ -121,6 +129,7 @@ impl<T: TargetModel> PlainDecoder<T> {
                 m.seq.cancel();
             }
         }
+        self.member_mut().seq.save_prefix();
         Ok(self.member().seq.generation())
     }
 

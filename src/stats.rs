@@ -108,6 +108,11 @@ pub struct Stats {
     pub process_secs: f64,
     /// Seconds spent in the prefill of both models.
     pub prefill_secs: f64,
+    /// Prompt tokens the target prefilled (the prompt but its last token, less the cached
+    /// prefix).
+    pub prefill_tokens: usize,
+    /// Prompt tokens whose target state came from a prefix cache.
+    pub prefix_hit_tokens: usize,
     /// Seconds spent in draft calls.
     pub draft_secs: f64,
     /// Seconds spent in target calls (after the prefill).
@@ -131,6 +136,15 @@ impl Stats {
     /// after a rejection are never tested.
     pub fn position_acceptance(&self) -> f64 {
         ratio(self.accepted, self.accepted + self.rejections)
+    }
+
+    /// Prompt tokens prefilled per second (0 without a prefill).
+    pub fn prefill_tok_s(&self) -> f64 {
+        if self.prefill_secs > 0.0 {
+            self.prefill_tokens as f64 / self.prefill_secs
+        } else {
+            0.0
+        }
     }
 
     /// Acceptance at each drafting depth, given that the round got there: α₁, α₂, ….
@@ -228,6 +242,8 @@ impl std::ops::AddAssign<&Stats> for Stats {
         self.forced_tokens += o.forced_tokens;
         self.process_secs += o.process_secs;
         self.prefill_secs += o.prefill_secs;
+        self.prefill_tokens += o.prefill_tokens;
+        self.prefix_hit_tokens += o.prefix_hit_tokens;
         self.draft_secs += o.draft_secs;
         self.target_secs += o.target_secs;
         self.decode_secs += o.decode_secs;

@@ -18,6 +18,7 @@ use crate::decoder::{Driver, Member, Start};
 pub use crate::decoder::{SeqId, MAX_ROWS};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
+use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, Generation};
 use crate::stop::StopRule;
@@ -119,6 +120,8 @@ pub struct BatchDecoder<T, D> {
     /// The probing state of the latest finished sequence, where a new one's starts (a draft
     /// found too slow to pay stays unprobed, as in the single decoder's next generation).
     prober: Prober,
+    /// The prefix cache the sequences start from and leave their contexts in.
+    prefix: Option<PrefixCache>,
 }
 
 impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
@@ -139,7 +142,7 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// As [`new`](Self::new).
     pub fn with_costs(policy: KPolicy, costs: CostModel) -> Result<Self> {
         let driver = Driver::new(policy.check()?, costs, Clock::wall());
-        Ok(Self { driver, finished: Vec::new(), next_id: 0, prober: Prober::default() })
+        Ok(Self { driver, finished: Vec::new(), next_id: 0, prober: Prober::default(), prefix: None })
     }
 
     /// Where the batch reads times (default the wall clock; see [`Clock`]): its cost
@@ -147,6 +150,21 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.driver.clock = clock;
         self
+    }
+
+    /// Starts each sequence from the longest prefix of its prompt that `cache` holds (the
+    /// states of both its models, copied into them) and leaves each finished or cancelled
+    /// sequence's context (prompt and output) there, so that a request that resends a
+    /// conversation prefills only what is new. The tokens are the same with and without it
+    /// (see [`PrefixCache`]).
+    pub fn with_prefix_cache(mut self, cache: PrefixCache) -> Self {
+        self.prefix = Some(cache);
+        self
+    }
+
+    /// The prefix cache, if the batch has one.
+    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
+        self.prefix.as_ref()
     }
 
     /// Injects a batch bug, for the tests that show their statistics catch it (feature
@@ -183,6 +201,7 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         };
         let mut m = Member::new(id, target, draft, start);
         m.seq.check()?;
+        m.seq.prefix = self.prefix.clone();
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
         m.seq.start(&request.prompt, false)?;
         self.next_id += 1;
@@ -228,6 +247,7 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         };
         let mut m = self.driver.members.remove(i);
         m.seq.cancel();
+        m.seq.save_prefix();
         Ok(finished(m))
     }
 
@@ -322,7 +342,8 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         while i < self.driver.members.len() {
             match self.driver.members[i].seq.finish() {
                 Some(_) => {
-                    let m = self.driver.members.remove(i);
+                    let mut m = self.driver.members.remove(i);
+                    m.seq.save_prefix();
                     self.prober = m.ctl.prober.clone();
                     self.finished.push(finished(m));
                 }

@@ -25,6 +25,7 @@ use std::ops::ControlFlow;
 use crate::adaptive::{Acceptance, CostModel, KPolicy, Prober, ShapeChooser, TreePolicy};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
+use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats};
 use crate::stop::StopRule;
@@ -39,6 +40,7 @@ pub struct DecoderBuilder<T, D> {
     stop: StopRule,
     clock: Clock,
     seed: Option<u64>,
+    prefix: Option<PrefixCache>,
 }
 
 impl<T: TargetModel, D: DraftModel> DecoderBuilder<T, D> {
@@ -101,6 +103,15 @@ impl<T: TargetModel, D: DraftModel> DecoderBuilder<T, D> {
         self
     }
 
+    /// Starts each generation from the longest prefix of its prompt that `cache` holds (both
+    /// models' states) and leaves each generation's context there when the next starts or
+    /// [`generate`](SpeculativeDecoder::generate) returns (see [`PrefixCache`]). The output
+    /// is the same with and without it, token for token.
+    pub fn prefix_cache(mut self, cache: PrefixCache) -> Self {
+        self.prefix = Some(cache);
+        self
+    }
+
     /// Checks the settings and the model pair.
     ///
     /// # Errors
@@ -122,8 +133,9 @@ impl<T: TargetModel, D: DraftModel> DecoderBuilder<T, D> {
             estimates: (Acceptance::new(), Prober::default()),
             clock: self.clock,
         };
-        let member = Member::new(SeqId(0), self.target, self.draft, start);
+        let mut member = Member::new(SeqId(0), self.target, self.draft, start);
         member.seq.check()?;
+        member.seq.prefix = self.prefix;
         driver.members.push(member);
         Ok(SpeculativeDecoder { driver, started: false })
     }
@@ -177,6 +189,7 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
             stop: StopRule::default(),
             clock: Clock::wall(),
             seed: None,
+            prefix: None,
         }
     }
 
@@ -206,6 +219,7 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
                 self.member_mut().seq.cancel();
             }
         }
+        self.member_mut().seq.save_prefix();
         Ok(self.member().seq.generation())
     }
 

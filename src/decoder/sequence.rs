@@ -16,6 +16,7 @@ use super::ChainBlock;
 use crate::error::{Error, Result};
 use crate::kernel::Verdict;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel, TokenModel};
+use crate::prefix::{Hit, PrefixCache};
 use crate::sampling::{History, Noise, Processors, SamplingConfig};
 use crate::stats::{Clock, FinishReason, Generation, Stats};
 use crate::stop::{check_prompt, pending, StopRule};
@@ -40,6 +41,11 @@ pub(crate) struct Sequence<D, T> {
     procs: Processors,
     /// Generations started, which key coupled sampling's noise.
     generations: u64,
+    /// Where the models' states for prompts seen before are kept, if anywhere.
+    pub prefix: Option<PrefixCache>,
+    /// Whether this generation's context is in the prefix cache (or has no models' state to
+    /// give it).
+    saved: bool,
 }
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
@@ -60,6 +66,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             noise: None,
             procs: Processors::default(),
             generations: 0,
+            prefix: None,
+            saved: true,
         }
     }
 
@@ -89,14 +97,17 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         Ok(())
     }
 
-    /// Starts a generation: checks the prompt, resets both models and feeds the target all but
-    /// the prompt's last token (which the first round feeds). The draft is fed too when
+    /// Starts a generation: checks the prompt, leaves the last generation's context in the
+    /// prefix cache (if it was not yet), resets both models, restores each from the longest
+    /// prefix of the prompt the cache holds, and feeds the target the rest of the prompt but its
+    /// last token (which the first round feeds). The draft is fed its rest too when
     /// `prefill_draft`; otherwise its first draft call catches up on the context.
     ///
     /// # Errors
     /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
     pub fn start(&mut self, prompt: &[u32], prefill_draft: bool) -> Result<()> {
         check_prompt(prompt, self.target.vocab_size())?;
+        self.save_prefix();
         self.ctx = prompt.to_vec();
         self.prompt_len = prompt.len();
         self.stats = Stats::default();
@@ -104,19 +115,40 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.procs = self.sampling.processors();
         self.generations += 1;
         self.finish = self.stop.finish(&[]);
+        self.saved = false;
         let head = &prompt[..prompt.len() - 1];
-        let (draft, target) = (&mut self.draft, &mut self.target);
+        let (draft, target, prefix) = (&mut self.draft, &mut self.target, &self.prefix);
+        let mut hit = Hit::default();
         self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
             draft.truncate(0)?;
-            if !head.is_empty() {
-                target.forward(head, 0)?;
-                if prefill_draft {
-                    draft.propose(head)?;
-                }
+            if let Some(cache) = prefix {
+                hit = cache.restore(head, target, draft)?;
+            }
+            if hit.target < head.len() {
+                target.forward(&head[hit.target..], 0)?;
+            }
+            let seen = draft.context_len().min(head.len());
+            if prefill_draft && seen < head.len() {
+                draft.propose(&head[seen..])?;
             }
             Ok(())
-        })
+        })?;
+        self.stats.prefix_hit_tokens = hit.target;
+        self.stats.prefill_tokens = head.len() - hit.target;
+        Ok(())
+    }
+
+    /// Leaves the context the models hold (prompt and output) in the prefix cache, once per
+    /// generation: when a sequence leaves a batch, and when a decoder starts its next one.
+    pub fn save_prefix(&mut self) {
+        if std::mem::replace(&mut self.saved, true) {
+            return;
+        }
+        if let Some(cache) = &self.prefix {
+            let n = self.target.context_len().min(self.ctx.len());
+            cache.insert(&self.ctx[..n], &self.target, &self.draft);
+        }
     }
 
     /// The context: the prompt and the tokens kept so far.

@@ -4,7 +4,7 @@
 use crate::draft::ngram::MAX_BLOCK;
 use crate::draft::NGramDraft;
 use crate::error::{Error, Result};
-use crate::model::{DraftModel, Proposal, TokenModel};
+use crate::model::{DraftModel, KvRows, Proposal, TokenModel};
 
 /// Shortest suffix the lookup matches: shorter matches are too often wrong to stand in for the
 /// model (on the Qwen2.5-Coder pair, 3-token matches cut the acceptance of fresh code from
@@ -88,6 +88,20 @@ impl<D: TokenModel, L: TokenModel> TokenModel for LookupOr<D, L> {
             self.model.truncate(len)?;
         }
         Ok(())
+    }
+
+    /// The model's rows: the positions it holds (the lookup has no state to keep).
+    fn save_rows(&self, from: usize) -> Option<KvRows> {
+        self.model.save_rows(from)
+    }
+
+    /// Restores the model alone, while this context is empty: the first proposal then feeds
+    /// the lookup every token and the model those past the restored ones.
+    fn restore_rows(&mut self, tokens: &[u32], rows: &KvRows) -> Result<bool> {
+        if !self.ctx.is_empty() {
+            return Ok(false);
+        }
+        self.model.restore_rows(tokens, rows)
     }
 }
 

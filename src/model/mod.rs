@@ -82,6 +82,82 @@ pub trait TokenModel {
     /// # Errors
     /// [`Error::BadTruncate`] when `len > context_len()`.
     fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// The model's state for its context positions `from..` (its keys and values, for a
+    /// llama), for a [`PrefixCache`](crate::prefix::PrefixCache) to keep. `None` where the
+    /// model holds no position from `from` on, or cannot hand its state out (the default).
+    fn save_rows(&self, from: usize) -> Option<KvRows> {
+        let _ = from;
+        None
+    }
+
+    /// Makes `rows`, which [`save_rows`](Self::save_rows) handed out for the context
+    /// `tokens` (one row per token, from a model over the same weights), the first
+    /// `tokens.len()` positions of this model's context, in place of what it held. Returns
+    /// whether it did; the default does not (false), and leaves the model as it was, as does a model
+    /// whose rows have another width. A model that keeps a token history of its own beside a
+    /// model ([`LookupOr`](crate::LookupOr)) restores the model and leaves its own context
+    /// empty: the decoder then feeds it the tokens as usual, and the model only those past
+    /// the restored ones.
+    ///
+    /// # Errors
+    /// As [`truncate`](Self::truncate); [`Error::TokenOutOfRange`] and
+    /// [`Error::ContextTooLong`] for tokens the model cannot hold.
+    fn restore_rows(&mut self, tokens: &[u32], rows: &KvRows) -> Result<bool> {
+        let _ = (tokens, rows);
+        Ok(false)
+    }
+}
+
+/// A model's state for a run of context positions: one row of `width` floats per position
+/// (a llama's keys and values of every block), what a prefix cache keeps and restores.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvRows {
+    width: usize,
+    data: Vec<f32>,
+}
+
+impl KvRows {
+    /// Wraps `data` as rows of `width` floats.
+    ///
+    /// # Errors
+    /// [`Error::BadModelOutput`] when `width` is 0 or does not divide `data.len()`.
+    pub fn new(width: usize, data: Vec<f32>) -> Result<Self> {
+        if width == 0 || !data.len().is_multiple_of(width) {
+            return Err(Error::BadModelOutput {
+                model: "model",
+                what: "state values",
+                expected: width,
+                got: data.len(),
+            });
+        }
+        Ok(Self { width, data })
+    }
+
+    /// Floats per position.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.data.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// All values, position by position.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// The values, position by position.
+    pub fn into_data(self) -> Vec<f32> {
+        self.data
+    }
 }
 
 /// A model that scores tokens: it keeps a context (its KV cache) and extends it.
@@ -297,6 +373,14 @@ impl<M: TokenModel + ?Sized> TokenModel for &mut M {
 
     fn truncate(&mut self, len: usize) -> Result<()> {
         (**self).truncate(len)
+    }
+
+    fn save_rows(&self, from: usize) -> Option<KvRows> {
+        (**self).save_rows(from)
+    }
+
+    fn restore_rows(&mut self, tokens: &[u32], rows: &KvRows) -> Result<bool> {
+        (**self).restore_rows(tokens, rows)
     }
 }
 

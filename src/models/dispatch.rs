@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
+use crate::model::KvRows;
 use crate::models::candle_llama::{CandleCache, CandleWeights};
 use crate::models::config::LlamaConfig;
 use crate::models::engine::{Backend, BatchCall, Cache, Engine, Pass, Tap, TokenMatrices};
@@ -119,6 +120,28 @@ impl Bound {
         match self {
             Self::Native(w, c) => w.limit_output(c, ids),
             Self::Candle(w, c) => w.limit_output(c, ids),
+        }
+    }
+
+    /// The first `to` positions' keys and values from `from` on, where the engine hands them
+    /// out (the native one: its rows do not depend on how positions were split into calls, so
+    /// restoring them changes no later row; candle's do not promise that).
+    pub(crate) fn save_rows(&self, from: usize, to: usize) -> Option<KvRows> {
+        match self {
+            Self::Native(w, c) => KvRows::new(c.row_width(w.config()), c.save_rows(w.config(), from, to)).ok(),
+            Self::Candle(..) => None,
+        }
+    }
+
+    /// Makes `rows` the cache's first positions; false (nothing changed) on the candle engine
+    /// or for rows of another width.
+    pub(crate) fn restore_rows(&mut self, rows: &KvRows) -> bool {
+        match self {
+            Self::Native(w, c) if rows.width() == c.row_width(w.config()) => {
+                c.restore_rows(w.config(), rows.as_slice());
+                true
+            }
+            _ => false,
         }
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use candle_core::Device;
 
 use crate::error::{Error, Result};
-use crate::model::{Logits, TargetModel, TokenModel};
+use crate::model::{KvRows, Logits, TargetModel, TokenModel};
 use crate::models::candle_llama::CandleWeights;
 use crate::models::config::LlamaConfig;
 use crate::models::dispatch::{Bound, Weights};
@@ -440,6 +440,28 @@ impl TokenModel for Llama {
             f.truncate(len);
         }
         Ok(())
+    }
+
+    /// The keys and values of positions `from..` on the native engine; none while it records
+    /// hidden states for a draft head (a restore would leave the head without them).
+    fn save_rows(&self, from: usize) -> Option<KvRows> {
+        if from >= self.len || self.record.is_some() {
+            return None;
+        }
+        self.instance.save_rows(from, self.len)
+    }
+
+    fn restore_rows(&mut self, tokens: &[u32], rows: &KvRows) -> Result<bool> {
+        let len = std::mem::take(&mut self.len);
+        let checked = self.check_tokens(tokens);
+        self.len = len;
+        checked?;
+        if self.record.is_some() || rows.len() != tokens.len() || !self.instance.restore_rows(rows) {
+            return Ok(false);
+        }
+        self.len = tokens.len();
+        self.tree = None;
+        Ok(true)
     }
 }
 

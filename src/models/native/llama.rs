@@ -776,4 +776,44 @@ impl NativeCache {
         let layers = blocks.iter().map(|_| LayerCache::default()).collect();
         Self { blocks: blocks.to_vec(), layers, scratch: Scratch::default(), output: None }
     }
+
+    /// Floats per position in [`save_rows`](Self::save_rows): each block's key and value.
+    pub fn row_width(&self, c: &LlamaConfig) -> usize {
+        self.layers.len() * 2 * c.num_kv_heads * c.head_dim
+    }
+
+    /// The keys and values of positions `from..to` (which earlier calls wrote), position by
+    /// position, each block's key (head by head) then its value.
+    pub fn save_rows(&self, c: &LlamaConfig, from: usize, to: usize) -> Vec<f32> {
+        let (hd, kv_out) = (c.head_dim, c.num_kv_heads * c.head_dim);
+        let mut out = Vec::with_capacity(to.saturating_sub(from) * self.row_width(c));
+        for pos in from..to {
+            for kv in &self.layers {
+                for blocks in &kv.keys {
+                    out.extend(attention::load_key(blocks, hd, pos));
+                }
+                out.extend_from_slice(&kv.values[pos * kv_out..(pos + 1) * kv_out]);
+            }
+        }
+        out
+    }
+
+    /// Makes `rows` (as [`save_rows`](Self::save_rows) lays them out, a whole number of
+    /// positions of [`row_width`](Self::row_width)) the cache's first positions.
+    pub fn restore_rows(&mut self, c: &LlamaConfig, rows: &[f32]) {
+        let (hd, kv_out) = (c.head_dim, c.num_kv_heads * c.head_dim);
+        for kv in &mut self.layers {
+            kv.values.clear();
+            kv.keys.resize_with(c.num_kv_heads, Default::default);
+        }
+        for (pos, row) in rows.chunks_exact(self.row_width(c)).enumerate() {
+            for (kv, layer) in self.layers.iter_mut().zip(row.chunks_exact(2 * kv_out)) {
+                let (keys, values) = layer.split_at(kv_out);
+                for (blocks, key) in kv.keys.iter_mut().zip(keys.chunks_exact(hd)) {
+                    attention::store_key(blocks, hd, pos, key);
+                }
+                kv.values.extend_from_slice(values);
+            }
+        }
+    }
 }
