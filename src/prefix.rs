@@ -58,7 +58,7 @@ pub struct PrefixCache {
 }
 
 /// What the cache holds and has done.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct PrefixStats {
     /// Sequences that looked their prompt up.

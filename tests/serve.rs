@@ -17,7 +17,7 @@ const VOCAB: usize = 16;
 
 fn server(max_running: usize, max_queued: usize) -> Result<Server> {
     let ToyPair { target, draft } = MarkovModel::pair(VOCAB, 0.2, 7);
-    let config = ServeConfig { max_running, max_queued, policy: KPolicy::Fixed(3) };
+    let config = ServeConfig { max_running, max_queued, policy: KPolicy::Fixed(3), ..ServeConfig::default() };
     Server::start(config, None, move || Ok((target.clone(), draft.clone())))
 }
 

@@ -61,6 +61,10 @@ struct Args {
     /// `max_tokens` of a request that gives none.
     #[arg(long, default_value_t = 1024)]
     default_max_tokens: usize,
+    /// The prefix cache's budget in MiB (0: none): both models' states for earlier prompts
+    /// and answers, so that a resent conversation prefills only what is new (same output).
+    #[arg(long, default_value_t = 1024)]
+    prefix_cache_mb: usize,
     /// A suffix-drafting cache file: loaded at start if it exists, saved at shutdown.
     #[arg(long)]
     suffix_cache: Option<PathBuf>,
@@ -109,7 +113,9 @@ async fn main() -> Result<()> {
     let cache = proto.suffix_cache();
     proto.fork().context("the server runs one drafter per sequence")?;
     let policy: KPolicy = if args.drafter.as_deref() == Some("plain") { KPolicy::Plain } else { args.k.parse()? };
-    let config = ServeConfig { max_running: args.max_running, max_queued: args.max_queued, policy };
+    let mut config = ServeConfig::default();
+    (config.max_running, config.max_queued, config.policy) = (args.max_running, args.max_queued, policy);
+    config.prefix_cache_bytes = args.prefix_cache_mb << 20;
     let context = args.ctx.unwrap_or(weights.config().max_context.min(8192)).min(weights.config().max_context);
     let vocab = weights.config().vocab_size;
     let models = move || Ok((Llama::new(weights.clone())?, proto.fork()?));
@@ -121,7 +127,10 @@ async fn main() -> Result<()> {
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
     let addr: SocketAddr = listener.local_addr()?;
-    println!("specdec-server: {name}, drafter {spec}, k {}, context {context}", policy);
+    println!(
+        "specdec-server: {name}, drafter {spec}, k {}, context {context}, prefix cache {} MiB",
+        policy, args.prefix_cache_mb
+    );
     println!("listening on http://{addr}");
     let idle = idle_exit(state.clone(), args.idle_exit);
     axum::serve(listener, router(state.clone()))

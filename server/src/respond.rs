@@ -247,7 +247,8 @@ impl Reply {
 
 fn usage(o: &Outcome) -> Value {
     json!({ "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
-            "total_tokens": o.prompt_tokens + o.completion_tokens })
+            "total_tokens": o.prompt_tokens + o.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": o.stats.prefix_hit_tokens } })
 }
 
 /// What the server adds to OpenAI's answer: time to first token, decoding speed, and how
@@ -257,6 +258,9 @@ fn timings(o: &Outcome) -> Value {
     let per_s = if s.decode_secs > 0.0 { o.completion_tokens as f64 / s.decode_secs } else { 0.0 };
     let per_call = if s.target_calls > 0 { s.new_tokens as f64 / s.target_calls as f64 } else { 0.0 };
     json!({ "first_token_ms": o.first_token_secs * 1e3, "tokens_per_second": per_s,
+            "prompt_tokens": o.prompt_tokens, "cached_tokens": s.prefix_hit_tokens,
+            "prefill_tokens": s.prefill_tokens, "prefill_ms": s.prefill_secs * 1e3,
+            "prefill_tokens_per_second": s.prefill_tok_s(),
             "acceptance_rate": s.acceptance_rate(), "tokens_per_target_call": per_call,
             "drafted": s.drafted, "accepted": s.accepted, "target_calls": s.target_calls })
 }

@@ -251,6 +251,21 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         Ok(finished(m))
     }
 
+    /// Removes sequence `id` as [`cancel`](Self::cancel) does, but leaves nothing of it in the
+    /// prefix cache: for a sequence whose step failed, whose models may hold a broken state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when no running sequence has that id.
+    pub fn discard(&mut self, id: SeqId) -> Result<Finished<T, D>> {
+        let Some(i) = self.driver.members.iter().position(|m| m.id == id) else {
+            return Err(Error::setting("sequence", id.0, "a running sequence of this batch"));
+        };
+        let mut m = self.driver.members.remove(i);
+        m.seq.cancel();
+        m.seq.prefix = None;
+        Ok(finished(m))
+    }
+
     /// Steps until every sequence has finished and returns them all (with any finished
     /// before and not yet taken).
     ///

@@ -5,6 +5,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::prefix::PrefixStats;
+
 /// Upper bounds (seconds) of the time-to-first-token buckets.
 const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 /// Upper bounds (seconds) of the per-token latency buckets.
@@ -65,6 +67,10 @@ pub struct Metrics {
     pub running: usize,
     /// Requests waiting for a slot now.
     pub queued: usize,
+    /// Prompt tokens prefilled (those not found in the prefix cache).
+    pub prefill_tokens: u64,
+    /// The prefix cache's counters and size (all zero without one).
+    pub prefix: PrefixStats,
     /// Seconds from a request's arrival to its first token.
     pub time_to_first_token: Histogram,
     /// Seconds per generated token (a step's time over the tokens it gave a sequence).
@@ -85,6 +91,8 @@ impl Default for Metrics {
             steps: [0; 2],
             running: 0,
             queued: 0,
+            prefill_tokens: 0,
+            prefix: PrefixStats::default(),
             time_to_first_token: Histogram::new(&TTFT_BUCKETS),
             token_latency: Histogram::new(&TOKEN_BUCKETS),
         }
@@ -109,6 +117,16 @@ impl Metrics {
             reasons.iter().zip(self.finished).map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n as f64)).collect();
         one("requests_finished_total", "counter", "Finished requests by reason.", &by_reason);
         one("prompt_tokens_total", "counter", "Prompt tokens of started requests.", &plain(self.prompt_tokens as f64));
+        one("prefill_tokens_total", "counter", "Prompt tokens prefilled (not from the cache).", &plain(self.prefill_tokens as f64));
+        let p = &self.prefix;
+        one("prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.", &plain(p.lookups as f64));
+        one("prefix_cache_hits_total", "counter", "Prompts that found a cached prefix.", &plain(p.hits as f64));
+        one("prefix_cache_hit_tokens_total", "counter", "Prompt tokens the target took from the cache.", &plain(p.hit_tokens as f64));
+        one("prefix_cache_draft_hit_tokens_total", "counter", "Prompt tokens the draft took from the cache.", &plain(p.draft_hit_tokens as f64));
+        one("prefix_cache_evictions_total", "counter", "Cache entries evicted.", &plain(p.evictions as f64));
+        one("prefix_cache_evicted_tokens_total", "counter", "Positions evicted from the cache.", &plain(p.evicted_tokens as f64));
+        one("prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.", &plain(p.bytes as f64));
+        one("prefix_cache_budget_bytes", "gauge", "The most bytes the prefix cache holds.", &plain(p.budget as f64));
         one("generated_tokens_total", "counter", "Tokens generated.", &plain(self.completion_tokens as f64));
         one("drafted_tokens_total", "counter", "Tokens drafted.", &plain(self.drafted as f64));
         one("accepted_tokens_total", "counter", "Drafted tokens accepted.", &plain(self.accepted as f64));

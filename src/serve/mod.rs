@@ -31,6 +31,7 @@ use crate::adaptive::KPolicy;
 use crate::batch::{BatchDecoder, Finished, Request, SeqId};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
+use crate::prefix::{PrefixCache, DEFAULT_BUDGET};
 use crate::stats::{FinishReason, Stats};
 use crate::tokenizer::Tokenizer;
 
@@ -43,11 +44,16 @@ pub struct ServeConfig {
     pub max_queued: usize,
     /// How the batch picks each sequence's k (default adaptive: the batch-aware k).
     pub policy: KPolicy,
+    /// The most bytes the prefix cache holds (default [`DEFAULT_BUDGET`], 1 GiB); 0: no
+    /// cache. Requests that resend a conversation prefill only what is new, with the same
+    /// output (see [`PrefixCache`]). Beside it, each slot's models keep their own states
+    /// (up to `max_running` contexts).
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
-        Self { max_running: 8, max_queued: 64, policy: KPolicy::default() }
+        Self { max_running: 8, max_queued: 64, policy: KPolicy::default(), prefix_cache_bytes: DEFAULT_BUDGET }
     }
 }
 
@@ -189,10 +195,15 @@ impl Server {
         if config.max_running == 0 {
             return Err(Error::setting("max_running", 0, "at least 1"));
         }
-        let batch = BatchDecoder::new(config.policy)?;
+        let mut batch = BatchDecoder::new(config.policy)?;
+        if config.prefix_cache_bytes > 0 {
+            batch = batch.with_prefix_cache(PrefixCache::new(config.prefix_cache_bytes));
+        }
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
-        let metrics = Arc::new(Mutex::new(Metrics::default()));
+        let mut counters = Metrics::default();
+        counters.prefix = batch.prefix_cache().map(PrefixCache::stats).unwrap_or_default();
+        let metrics = Arc::new(Mutex::new(counters));
         let mut scheduler = Scheduler {
             batch,
             models: Box::new(models),
@@ -351,7 +362,11 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             }));
             match flatten(added) {
                 Ok(id) => {
-                    self.lock().prompt_tokens += prompt_tokens as u64;
+                    let prefilled = self.batch.stats(id).map_or(0, |s| s.prefill_tokens);
+                    let mut m = self.lock();
+                    m.prompt_tokens += prompt_tokens as u64;
+                    m.prefill_tokens += prefilled as u64;
+                    drop(m);
                     self.slots.push(Slot {
                         id,
                         sink: q.sink,
@@ -436,9 +451,10 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         }
     }
 
-    /// Ends a failed sequence: its models are dropped (they may hold a broken state).
+    /// Ends a failed sequence: its models are dropped, and nothing of it enters the prefix
+    /// cache (they may hold a broken state).
     fn fail(&mut self, id: SeqId, e: Error) {
-        drop(self.batch.cancel(id));
+        drop(self.batch.discard(id));
         if let Some(i) = self.slots.iter().position(|s| s.id == id) {
             let mut slot = self.slots.remove(i);
             self.lock().finished[3] += 1;
@@ -492,12 +508,14 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             }
         }
         m.steps[if drafted > 0 { 0 } else { 1 }] += 1;
+        m.prefix = self.batch.prefix_cache().map(PrefixCache::stats).unwrap_or_default();
     }
 
     fn gauges(&self) {
         let mut m = self.lock();
         m.running = self.slots.len();
         m.queued = self.queue.len();
+        m.prefix = self.batch.prefix_cache().map(PrefixCache::stats).unwrap_or_default();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Metrics> {
