@@ -373,3 +373,44 @@ fn qwen_pair_conversation_from_the_cache_equals_plain() -> Result<()> {
     assert!(cache.stats().draft_hit_tokens > 0);
     Ok(())
 }
+
+/// Chunked prefill: a long prompt that joins in chunks of 7 tokens while others decode
+/// leaves every sequence's tokens as they are without chunks (greedy: plain decoding's), and a
+/// zero chunk is a typed error.
+#[test]
+fn chunked_prefill_changes_no_token() -> Result<()> {
+    let Some((target, draft, tok)) = smol() else { return Ok(()) };
+    assert!(BatchDecoder::<Llama, Drafter>::new(KPolicy::default())?.with_prefill_chunk(0).is_err());
+    let short: Vec<Vec<u32>> = (0..3).map(|i| first_turn(&tok, i)).collect();
+    let mut long = first_turn(&tok, 3);
+    for i in 4..8 {
+        long = next_turn(&tok, &long, &first_turn(&tok, i), QUESTIONS[i]);
+    }
+    let cache = PrefixCache::new(64 << 20);
+    let mut batch = BatchDecoder::new(KPolicy::default())?.with_prefill_chunk(7)?.with_prefix_cache(cache);
+    let mut ids = Vec::new();
+    for p in &short {
+        let req = Request::new(p.clone()).max_new_tokens(24);
+        ids.push(batch.add(Llama::new(target.clone())?, Drafter::Model(Llama::new(draft.clone())?), req)?);
+    }
+    batch.step()?;
+    batch.step()?;
+    let req = Request::new(long.clone()).max_new_tokens(8);
+    ids.push(batch.add(Llama::new(target.clone())?, Drafter::Model(Llama::new(draft.clone())?), req)?);
+    let mut steps_prefilling = 0;
+    while batch.active() > 0 {
+        let stepped = batch.step()?;
+        steps_prefilling += usize::from(stepped.iter().any(|(id, t)| *id == ids[3] && t.is_empty()));
+    }
+    let done = batch.take_finished();
+    // The long prompt took several steps to join, the others went on meanwhile.
+    assert!(steps_prefilling > 3, "{steps_prefilling}");
+    let prompts = [&short[0], &short[1], &short[2], &long];
+    for (id, p) in ids.iter().zip(prompts) {
+        let f = done.iter().find(|f| f.id == *id).expect("finished");
+        let n = f.generation.tokens.len();
+        let mut plain = PlainDecoder::new(Llama::new(target.clone())?, SamplingConfig::greedy()).max_new_tokens(n);
+        assert_eq!(f.generation.tokens, plain.generate(p)?.tokens);
+    }
+    Ok(())
+}

@@ -65,6 +65,10 @@ struct Args {
     /// and answers, so that a resent conversation prefills only what is new (same output).
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
+    /// Most prompt tokens prefilled per step while other streams decode (0: a prompt is
+    /// prefilled whole when admitted, stalling the others meanwhile).
+    #[arg(long, default_value_t = 32)]
+    prefill_chunk: usize,
     /// A suffix-drafting cache file: loaded at start if it exists, saved at shutdown.
     #[arg(long)]
     suffix_cache: Option<PathBuf>,
@@ -116,6 +120,7 @@ async fn main() -> Result<()> {
     let mut config = ServeConfig::default();
     (config.max_running, config.max_queued, config.policy) = (args.max_running, args.max_queued, policy);
     config.prefix_cache_bytes = args.prefix_cache_mb << 20;
+    config.prefill_chunk = (args.prefill_chunk > 0).then_some(args.prefill_chunk);
     let context = args.ctx.unwrap_or(weights.config().max_context.min(8192)).min(weights.config().max_context);
     let vocab = weights.config().vocab_size;
     let models = move || Ok((Llama::new(weights.clone())?, proto.fork()?));

@@ -122,6 +122,9 @@ pub struct BatchDecoder<T, D> {
     prober: Prober,
     /// The prefix cache the sequences start from and leave their contexts in.
     prefix: Option<PrefixCache>,
+    /// The most prompt tokens prefilled in one step (`None`: a sequence is prefilled whole
+    /// when it is added).
+    prefill_chunk: Option<usize>,
 }
 
 impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
@@ -142,7 +145,14 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// As [`new`](Self::new).
     pub fn with_costs(policy: KPolicy, costs: CostModel) -> Result<Self> {
         let driver = Driver::new(policy.check()?, costs, Clock::wall());
-        Ok(Self { driver, finished: Vec::new(), next_id: 0, prober: Prober::default(), prefix: None })
+        Ok(Self {
+            driver,
+            finished: Vec::new(),
+            next_id: 0,
+            prober: Prober::default(),
+            prefix: None,
+            prefill_chunk: None,
+        })
     }
 
     /// Where the batch reads times (default the wall clock; see [`Clock`]): its cost
@@ -160,6 +170,24 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     pub fn with_prefix_cache(mut self, cache: PrefixCache) -> Self {
         self.prefix = Some(cache);
         self
+    }
+
+    /// Prefills new sequences in chunks: each [`step`](Self::step) first feeds at most
+    /// `tokens` prompt tokens (to the sequences still prefilling, oldest first, their drafts
+    /// along), so that a long prompt joining costs the running sequences a little more per
+    /// step rather than one long stall (while no sequence decodes, prompts are prefilled
+    /// whole). A sequence takes part in rounds once its prompt is
+    /// in. Without it (the default), [`add`](Self::add) prefills the whole prompt. The
+    /// tokens are the same either way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for 0 tokens.
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Result<Self> {
+        if tokens == 0 {
+            return Err(Error::setting("prefill chunk", 0, "at least 1 token"));
+        }
+        self.prefill_chunk = Some(tokens);
+        Ok(self)
     }
 
     /// The prefix cache, if the batch has one.
@@ -203,7 +231,11 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         m.seq.check()?;
         m.seq.prefix = self.prefix.clone();
         // Each request is one generation: coupled noise is that of generation 0 of its seed.
-        m.seq.start(&request.prompt, false)?;
+        m.seq.begin(&request.prompt)?;
+        if self.prefill_chunk.is_none() {
+            // The draft catches up in one batched call with the others when it first drafts.
+            m.seq.prefill(usize::MAX, false)?;
+        }
         self.next_id += 1;
         self.driver.members.push(m);
         self.retire();
@@ -314,6 +346,15 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// again.
     pub fn step(&mut self) -> Result<Vec<(SeqId, Vec<u32>)>> {
         let before: Vec<usize> = self.driver.members.iter().map(|m| m.seq.ctx().len()).collect();
+        // Chunks only while some sequence decodes: alone, a prompt is prefilled whole.
+        let decoding = self.driver.members.iter().any(|m| !m.seq.prefilling());
+        let mut budget = self.prefill_chunk.filter(|_| decoding).unwrap_or(usize::MAX);
+        for m in self.driver.members.iter_mut().filter(|m| m.seq.prefilling()) {
+            budget -= m.seq.prefill(budget, true)?;
+            if budget == 0 {
+                break;
+            }
+        }
         self.driver.step()?;
         let new = (self.driver.members.iter().zip(before)).map(|(m, n)| (m.id, m.seq.ctx()[n..].to_vec())).collect();
         self.retire();
@@ -334,6 +375,10 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         // After a step that unwound, the others are rolled back now: the alone step that
         // follows would roll back only this one.
         self.driver.resync();
+        if self.driver.members[i].seq.prefilling() {
+            let budget = self.prefill_chunk.unwrap_or(usize::MAX);
+            return self.driver.members[i].seq.prefill(budget, true).map(|_| Vec::new());
+        }
         let mut others = std::mem::take(&mut self.driver.members);
         self.driver.members.push(others.remove(i));
         let before = self.driver.members[0].seq.ctx().len();

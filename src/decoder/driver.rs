@@ -54,7 +54,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         }
         // False until the round returns: a round that unwinds leaves it so.
         self.ready = false;
-        let running: Vec<bool> = self.members.iter().map(|m| m.seq.finish().is_none()).collect();
+        let running: Vec<bool> = self.members.iter().map(|m| m.seq.finish().is_none() && !m.seq.prefilling()).collect();
         let start = self.clock.seconds();
         let result = self.round();
         let secs = self.clock.seconds() - start;
@@ -81,6 +81,10 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         let mut chains = Vec::with_capacity(self.members.len());
         for i in 0..self.members.len() {
             let m = &mut self.members[i];
+            // A sequence still prefilling (in chunks, see `BatchDecoder`) waits.
+            if m.seq.prefilling() {
+                continue;
+            }
             if m.seq.finish().is_none() {
                 m.seq.fast_forward()?;
             }

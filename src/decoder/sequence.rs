@@ -46,6 +46,8 @@ pub(crate) struct Sequence<D, T> {
     /// Whether this generation's context is in the prefix cache (or has no models' state to
     /// give it).
     saved: bool,
+    /// Whether the prompt's head is still being fed (see [`prefill`](Self::prefill)).
+    prefilling: bool,
 }
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
@@ -68,6 +70,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             generations: 0,
             prefix: None,
             saved: true,
+            prefilling: false,
         }
     }
 
@@ -97,15 +100,24 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         Ok(())
     }
 
-    /// Starts a generation: checks the prompt, leaves the last generation's context in the
-    /// prefix cache (if it was not yet), resets both models, restores each from the longest
-    /// prefix of the prompt the cache holds, and feeds the target the rest of the prompt but its
-    /// last token (which the first round feeds). The draft is fed its rest too when
-    /// `prefill_draft`; otherwise its first draft call catches up on the context.
+    /// Starts a generation and prefills it whole: [`begin`](Self::begin), then
+    /// [`prefill`](Self::prefill) with no limit.
     ///
     /// # Errors
     /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
     pub fn start(&mut self, prompt: &[u32], prefill_draft: bool) -> Result<()> {
+        self.begin(prompt)?;
+        self.prefill(usize::MAX, prefill_draft).map(drop)
+    }
+
+    /// Begins a generation: checks the prompt, leaves the last generation's context in the
+    /// prefix cache (if it was not yet), resets both models and restores each from the longest
+    /// prefix of the prompt the cache holds. The rest of the prompt but its last token (which
+    /// the first round feeds) is left to [`prefill`](Self::prefill).
+    ///
+    /// # Errors
+    /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
+    pub fn begin(&mut self, prompt: &[u32]) -> Result<()> {
         check_prompt(prompt, self.target.vocab_size())?;
         self.save_prefix();
         self.ctx = prompt.to_vec();
@@ -115,7 +127,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.procs = self.sampling.processors();
         self.generations += 1;
         self.finish = self.stop.finish(&[]);
-        self.saved = false;
+        (self.saved, self.prefilling) = (false, true);
         let head = &prompt[..prompt.len() - 1];
         let (draft, target, prefix) = (&mut self.draft, &mut self.target, &self.prefix);
         let mut hit = Hit::default();
@@ -125,18 +137,42 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             if let Some(cache) = prefix {
                 hit = cache.restore(head, target, draft)?;
             }
-            if hit.target < head.len() {
-                target.forward(&head[hit.target..], 0)?;
-            }
-            let seen = draft.context_len().min(head.len());
-            if prefill_draft && seen < head.len() {
-                draft.propose(&head[seen..])?;
-            }
             Ok(())
         })?;
         self.stats.prefix_hit_tokens = hit.target;
-        self.stats.prefill_tokens = head.len() - hit.target;
         Ok(())
+    }
+
+    /// Feeds the target up to `budget` more tokens of the prompt's head (all but its last
+    /// token), and the draft the same tokens it lacks when `prefill_draft` (otherwise its first
+    /// draft call catches up). Returns the tokens fed to the target; the prefill is over when
+    /// [`prefilling`](Self::prefilling) turns false.
+    ///
+    /// # Errors
+    /// Model failures (the models keep what they held before the call).
+    pub fn prefill(&mut self, budget: usize, prefill_draft: bool) -> Result<usize> {
+        let head = &self.ctx[..self.prompt_len.saturating_sub(1)];
+        let from = self.target.context_len().min(head.len());
+        let to = head.len().min(from.saturating_add(budget));
+        let (draft, target) = (&mut self.draft, &mut self.target);
+        self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
+            if to > from {
+                target.forward(&head[from..to], 0)?;
+            }
+            let seen = draft.context_len().min(to);
+            if prefill_draft && seen < to {
+                draft.propose(&head[seen..to])?;
+            }
+            Ok(())
+        })?;
+        self.stats.prefill_tokens += to - from;
+        self.prefilling = to < head.len();
+        Ok(to - from)
+    }
+
+    /// Whether the prompt's head is not all fed yet (the sequence takes no round until it is).
+    pub fn prefilling(&self) -> bool {
+        self.prefilling
     }
 
     /// Leaves the context the models hold (prompt and output) in the prefix cache, once per
@@ -296,6 +332,10 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// After a failed round, rolls both models back to the tokens kept so far (all but the
     /// pending last one). True when they hold exactly that, so that the next round can run.
     pub fn resync(&mut self) -> bool {
+        if self.prefilling {
+            // A failed chunk moved nothing: the models hold a prefix of the head.
+            return true;
+        }
         let keep = self.ctx.len().saturating_sub(1);
         let target_ok = self.target.context_len() <= keep || self.target.truncate(keep).is_ok();
         let draft_ok = self.draft.context_len() <= keep || self.draft.truncate(keep).is_ok();

@@ -49,11 +49,22 @@ pub struct ServeConfig {
     /// output (see [`PrefixCache`]). Beside it, each slot's models keep their own states
     /// (up to `max_running` contexts).
     pub prefix_cache_bytes: usize,
+    /// The most prompt tokens prefilled per step while other sequences decode (default 32;
+    /// `None`: a prompt is prefilled whole when its request is admitted). Smaller keeps the
+    /// running streams' pace; larger brings a long prompt's first token sooner (see
+    /// [`BatchDecoder::with_prefill_chunk`]).
+    pub prefill_chunk: Option<usize>,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
-        Self { max_running: 8, max_queued: 64, policy: KPolicy::default(), prefix_cache_bytes: DEFAULT_BUDGET }
+        Self {
+            max_running: 8,
+            max_queued: 64,
+            policy: KPolicy::default(),
+            prefix_cache_bytes: DEFAULT_BUDGET,
+            prefill_chunk: Some(32),
+        }
     }
 }
 
@@ -185,7 +196,8 @@ impl Server {
     /// one, deltas carry tokens only, and a job with stop strings fails).
     ///
     /// # Errors
-    /// [`Error::InvalidSetting`] for zero limits or a policy out of range.
+    /// [`Error::InvalidSetting`] for zero limits (`max_running`, `max_queued`, a prefill
+    /// chunk) or a policy out of range.
     pub fn start<T, D, F>(config: ServeConfig, tokenizer: Option<Tokenizer>, models: F) -> Result<Self>
     where
         T: TargetModel + Send + 'static,
@@ -195,7 +207,13 @@ impl Server {
         if config.max_running == 0 {
             return Err(Error::setting("max_running", 0, "at least 1"));
         }
+        if config.max_queued == 0 {
+            return Err(Error::setting("max_queued", 0, "at least 1"));
+        }
         let mut batch = BatchDecoder::new(config.policy)?;
+        if let Some(tokens) = config.prefill_chunk {
+            batch = batch.with_prefill_chunk(tokens)?;
+        }
         if config.prefix_cache_bytes > 0 {
             batch = batch.with_prefix_cache(PrefixCache::new(config.prefix_cache_bytes));
         }
