@@ -290,3 +290,30 @@ fn greedy_text_is_the_same_alone_or_among_8() {
 fn seeded_text_is_the_same_alone_or_among_8() {
     same_alone_and_together(|i| json!({ "temperature": 0.8, "seed": 100 + i }));
 }
+
+/// A conversation resent with the model's answer hits the prefix cache (OpenAI's
+/// `prompt_tokens_details.cached_tokens`), and sending it again gives the same seeded text
+/// from a longer hit.
+#[test]
+fn a_resent_conversation_hits_the_prefix_cache_with_the_same_text() {
+    let Some(s) = server() else { return };
+    let (status, first) = s.chat(chat_body(PROMPTS[1], json!({ "max_tokens": 24 })));
+    assert_eq!(status, 200, "{first}");
+    let messages = json!([
+        { "role": "user", "content": PROMPTS[1] },
+        { "role": "assistant", "content": content(&first) },
+        { "role": "user", "content": "Say it again, in other words." }
+    ]);
+    let body = chat_body("", json!({ "messages": messages, "temperature": 1.0, "seed": 3, "max_tokens": 24 }));
+    let (a, b) = (s.chat(body.clone()).1, s.chat(body).1);
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached(&a) > cached(&first), "{a}");
+    assert!(cached(&b) >= prompt - 1, "{b}");
+    assert_eq!(content(&a), content(&b));
+    let metrics = s.get("/metrics").1;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("specdec_prefix_cache_hits_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}

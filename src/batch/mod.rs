@@ -350,7 +350,9 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         let decoding = self.driver.members.iter().any(|m| !m.seq.prefilling());
         let mut budget = self.prefill_chunk.filter(|_| decoding).unwrap_or(usize::MAX);
         for m in self.driver.members.iter_mut().filter(|m| m.seq.prefilling()) {
-            budget -= m.seq.prefill(budget, true)?;
+            // While others decode, the draft is fed along (a whole prompt's catch-up would stall
+            // them); otherwise it catches up when the k policy, which prices that, drafts.
+            budget -= m.seq.prefill(budget, decoding)?;
             if budget == 0 {
                 break;
             }
