@@ -342,6 +342,15 @@ fn report(
     // Greedy and coupled runs must print plain decoding's text; other samples differ.
     let coupled = coupled(args)?;
     let same_text = (args.temperature == 0.0 || coupled).then(|| spec.tokens == plain.tokens);
+    for (name, g) in [("plain", p), ("speculative", s)] {
+        println!(
+            "{name:<12}: prefill {} tokens ({} from the prefix cache) at {:.1} tok/s, first token after {:.3} s",
+            g.prefill_tokens,
+            g.prefix_hit_tokens,
+            g.prefill_tok_s(),
+            g.first_token_secs
+        );
+    }
     println!("plain       : {:6.1} tok/s ({} tokens)", p.tokens_per_sec(), p.new_tokens);
     println!("speculative : {:6.1} tok/s ({} tokens), speedup {speedup:.2}x", s.tokens_per_sec(), s.new_tokens);
     println!(

@@ -21,11 +21,12 @@ import sys
 import time
 import urllib.request
 
-SYSTEM = """You are a coding agent working in a Python repository. You can call tools by writing
-one line of the form TOOL(arguments): read_file(path, first_line, last_line), grep(pattern),
-replace(path, old, new), run_tests(pattern). The user shows you each tool's output. Think in one
-short sentence, then give exactly one tool call, or write DONE with a one-line summary when the
-task is finished. Keep answers short."""
+SYSTEM = """You are a coding agent working in a Python repository. Tools: read_file(path, first, last),
+grep(pattern), replace(path, old, new), run_tests(pattern). The user shows you each tool's output.
+Answer every turn with one sentence on what you learned from the output, then exactly one tool
+call on its own line, for example:
+The function lacks a type hint for its width argument.
+replace("textwrap.py", "def fill(text, width=70", "def fill(text: str, width: int = 70")"""
 
 # Real files that are not this crate's: modules of Python's standard library.
 TASKS = [

@@ -113,6 +113,8 @@ pub struct Stats {
     pub prefill_tokens: usize,
     /// Prompt tokens whose target state came from a prefix cache.
     pub prefix_hit_tokens: usize,
+    /// Seconds from the start of the prefill to the first token generated.
+    pub first_token_secs: f64,
     /// Seconds spent in draft calls.
     pub draft_secs: f64,
     /// Seconds spent in target calls (after the prefill).
@@ -244,6 +246,7 @@ impl std::ops::AddAssign<&Stats> for Stats {
         self.prefill_secs += o.prefill_secs;
         self.prefill_tokens += o.prefill_tokens;
         self.prefix_hit_tokens += o.prefix_hit_tokens;
+        self.first_token_secs += o.first_token_secs;
         self.draft_secs += o.draft_secs;
         self.target_secs += o.target_secs;
         self.decode_secs += o.decode_secs;

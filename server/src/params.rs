@@ -40,6 +40,9 @@ pub enum Endpoint {
     Completion,
 }
 
+/// The most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 16;
+
 /// What a request asks for, its fields read and checked one by one.
 #[derive(Debug, Default)]
 pub struct Params {
@@ -59,6 +62,8 @@ pub struct Params {
     pub logit_bias: Vec<(u32, f32)>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate (OpenAI's `n`; 0 read as 1).
+    pub n: usize,
     pub response_format: Option<Value>,
     pub tools: Vec<Value>,
     pub tool_choice: Option<Value>,
@@ -175,12 +180,10 @@ impl Params {
                     }
                 }
             }
-            "n" if field::<u32>(key, v)? != 1 => {
-                return Err(ApiError::invalid(
-                    key,
-                    "only `n` = 1 is supported: send several requests for several choices",
-                ))
-            }
+            "n" => match field::<usize>(key, v)? {
+                n @ 1..=MAX_CHOICES => self.n = n,
+                _ => return Err(ApiError::invalid(key, format!("`n` must be between 1 and {MAX_CHOICES}"))),
+            },
             "logprobs" if field::<bool>(key, v)? => return Err(ApiError::invalid(key, "`logprobs` are not supported")),
             "response_format" => self.response_format = Some(v.clone()),
             "tools" => self.tools = field(key, v)?,

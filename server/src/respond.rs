@@ -40,37 +40,75 @@ struct Reply {
     include_usage: bool,
 }
 
-/// Submits the job and answers, streamed or whole.
+/// Submits the job (once per choice, choice `i` seeded with the request's seed plus `i`; the
+/// later choices find the prompt in the prefix cache) and answers, streamed or whole.
 pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint: Endpoint) -> Response {
-    let (tx, rx) = unbounded_channel();
-    let sink: Sink =
-        Box::new(move |e| if tx.send(e).is_ok() { ControlFlow::Continue(()) } else { ControlFlow::Break(()) });
-    let cancel = match state.server.submit_with(prepared.job, sink) {
-        Ok(c) => CancelOnDrop(c),
-        Err(e) => return ApiError::from(e).into_response(),
-    };
+    let n = p.n.max(1);
+    let (mut receivers, mut cancels) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let (tx, rx) = unbounded_channel();
+        let sink: Sink =
+            Box::new(move |e| if tx.send(e).is_ok() { ControlFlow::Continue(()) } else { ControlFlow::Break(()) });
+        let mut job = prepared.job.clone();
+        let seed = job.request.sampling.seed().wrapping_add(i as u64);
+        job.request.sampling = job.request.sampling.with_seed(seed);
+        match state.server.submit_with(job, sink) {
+            Ok(c) => cancels.push(CancelOnDrop(c)),
+            Err(e) => return ApiError::from(e).into_response(),
+        }
+        receivers.push(rx);
+    }
     let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     let id = format!("{prefix}-{}", state.next());
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let reply = Reply { state, endpoint, id, created, tools: prepared.tools, include_usage: p.include_usage };
+    let reply = Arc::new(Reply { state, endpoint, id, created, tools: prepared.tools, include_usage: p.include_usage });
     match (p.stream, &reply.tools) {
-        (false, _) => match collect(rx).await {
-            Ok((text, outcome)) => Json(reply.whole(&text, &outcome)).into_response(),
+        (false, _) => match collect_all(receivers).await {
+            Ok(answers) => Json(reply.whole(&answers)).into_response(),
             Err(e) => e.into_response(),
         },
         // Text streams as it comes; an output read for tool calls streams once it is whole.
         (true, Tools::None) => {
-            sse(stream::unfold(Streaming { rx, reply, _cancel: cancel, started: false }, next_chunk).boxed())
+            let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (finished, last) = (outcomes.clone(), reply.clone());
+            let choices = receivers.into_iter().zip(cancels).enumerate().map(|(index, (rx, cancel))| {
+                let s = Streaming {
+                    rx,
+                    reply: reply.clone(),
+                    _cancel: cancel,
+                    started: false,
+                    index,
+                    outcomes: outcomes.clone(),
+                };
+                stream::unfold(s, next_chunk).boxed()
+            });
+            let end = stream::once(async move {
+                let outcomes = finished.lock().map(|o| o.clone()).unwrap_or_default();
+                match (last.include_usage, outcomes.is_empty()) {
+                    (true, false) => event(&last.usage_chunk(&outcomes)) + &done(),
+                    _ => done(),
+                }
+            });
+            sse(stream::select_all(choices).chain(end).boxed())
         }
         (true, _) => {
-            let chunks = match collect(rx).await {
-                Ok((text, outcome)) => reply.buffered(&text, &outcome),
+            let chunks = match collect_all(receivers).await {
+                Ok(answers) => reply.buffered(&answers),
                 Err(e) => vec![event(&e.body())],
             };
-            drop(cancel);
+            drop(cancels);
             sse(stream::iter(chunks.into_iter().chain([done()])).boxed())
         }
     }
+}
+
+/// Waits for every choice's whole text and outcome, in order.
+async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>) -> Result<Vec<(String, Outcome)>, ApiError> {
+    let mut answers = Vec::with_capacity(receivers.len());
+    for rx in receivers {
+        answers.push(collect(rx).await?);
+    }
+    Ok(answers)
 }
 
 /// Waits for the whole text and the outcome.
@@ -86,37 +124,40 @@ async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, Outcome), 
     Err(ApiError::server("the serving thread stopped".into()))
 }
 
-/// A streamed answer's state between chunks.
+/// A streamed choice's state between chunks.
 struct Streaming {
     rx: UnboundedReceiver<Event>,
-    reply: Reply,
+    reply: Arc<Reply>,
     /// Held for its drop.
     _cancel: CancelOnDrop,
     started: bool,
+    /// Which choice.
+    index: usize,
+    /// Where the choices leave their outcomes, for the usage chunk at the end.
+    outcomes: Arc<std::sync::Mutex<Vec<Outcome>>>,
 }
 
-/// The next SSE text: the role chunk first (chat), then one per delta with text, then the end.
+/// The next SSE text of one choice: the role chunk first (chat), then one per delta with
+/// text, then its finish (the stream's end, `[DONE]`, comes after every choice's).
 async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
     if !s.started {
         s.started = true;
         if s.reply.endpoint == Endpoint::Chat {
-            let first = s.reply.chunk(json!({ "role": "assistant", "content": "" }), None);
+            let first = s.reply.chunk(s.index, json!({ "role": "assistant", "content": "" }), None);
             return Some((event(&first), s));
         }
     }
     loop {
         let text = match s.rx.recv().await? {
             Event::Delta { text, .. } if text.is_empty() => continue,
-            Event::Delta { text, .. } => event(&s.reply.chunk(s.reply.content(&text), None)),
+            Event::Delta { text, .. } => event(&s.reply.chunk(s.index, s.reply.content(&text), None)),
             Event::Done(outcome) => {
-                let last = s.reply.chunk(s.reply.content(""), Some(finish_reason(&outcome, false)));
-                let mut out = event(&last);
-                if s.reply.include_usage {
-                    out.push_str(&event(&s.reply.usage_chunk(&outcome)));
+                let last = s.reply.chunk(s.index, s.reply.content(""), Some(finish_reason(&outcome, false)));
+                if let Ok(mut o) = s.outcomes.lock() {
+                    o.push(outcome);
                 }
-                out.push_str(&done());
                 s.rx.close();
-                out
+                event(&last)
             }
             Event::Failed(e) => {
                 s.rx.close();
@@ -150,37 +191,43 @@ fn finish_reason(o: &Outcome, called: bool) -> &'static str {
 }
 
 impl Reply {
-    /// The whole answer.
-    fn whole(&self, text: &str, o: &Outcome) -> Value {
-        let (message, called) = self.message(text);
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                json!({ "index": 0, "message": message, "finish_reason": finish_reason(o, called), "logprobs": null })
-            }
-            Endpoint::Completion => {
-                json!({ "index": 0, "text": text, "finish_reason": finish_reason(o, false), "logprobs": null })
-            }
-        };
+    /// The whole answer: one choice per answer.
+    fn whole(&self, answers: &[(String, Outcome)]) -> Value {
+        let choices: Vec<Value> = (answers.iter().enumerate())
+            .map(|(i, (text, o))| match self.endpoint {
+                Endpoint::Chat => {
+                    let (message, called) = self.message(text);
+                    json!({ "index": i, "message": message, "finish_reason": finish_reason(o, called), "logprobs": null })
+                }
+                Endpoint::Completion => {
+                    json!({ "index": i, "text": text, "finish_reason": finish_reason(o, false), "logprobs": null })
+                }
+            })
+            .collect();
+        let outcomes: Vec<Outcome> = answers.iter().map(|(_, o)| o.clone()).collect();
         let mut v = self.head();
-        v["choices"] = json!([choice]);
-        v["usage"] = usage(o);
-        v["timings"] = timings(o);
+        v["choices"] = json!(choices);
+        v["usage"] = usage(&outcomes);
+        v["timings"] = timings(&outcomes[0]);
         v
     }
 
-    /// A whole answer as stream chunks (an output read for tool calls).
-    fn buffered(&self, text: &str, o: &Outcome) -> Vec<String> {
-        let (message, called) = self.message(text);
-        let mut delta = message;
-        if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
-            for (i, c) in calls.iter_mut().enumerate() {
-                c["index"] = json!(i);
+    /// Whole answers as stream chunks (outputs read for tool calls).
+    fn buffered(&self, answers: &[(String, Outcome)]) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, (text, o)) in answers.iter().enumerate() {
+            let (mut delta, called) = self.message(text);
+            if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                for (j, c) in calls.iter_mut().enumerate() {
+                    c["index"] = json!(j);
+                }
             }
+            out.push(event(&self.chunk(i, delta, None)));
+            out.push(event(&self.chunk(i, json!({}), Some(finish_reason(o, called)))));
         }
-        let mut out =
-            vec![event(&self.chunk(delta, None)), event(&self.chunk(json!({}), Some(finish_reason(o, called))))];
         if self.include_usage {
-            out.push(event(&self.usage_chunk(o)));
+            let outcomes: Vec<Outcome> = answers.iter().map(|(_, o)| o.clone()).collect();
+            out.push(event(&self.usage_chunk(&outcomes)));
         }
         out
     }
@@ -210,23 +257,23 @@ impl Reply {
         }
     }
 
-    /// One stream chunk.
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+    /// One stream chunk of choice `index`.
+    fn chunk(&self, index: usize, delta: Value, finish: Option<&str>) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null }),
-            Endpoint::Completion => json!({ "index": 0, "text": delta, "finish_reason": finish, "logprobs": null }),
+            Endpoint::Chat => json!({ "index": index, "delta": delta, "finish_reason": finish, "logprobs": null }),
+            Endpoint::Completion => json!({ "index": index, "text": delta, "finish_reason": finish, "logprobs": null }),
         };
         let mut v = self.head_chunk();
         v["choices"] = json!([choice]);
         v
     }
 
-    /// The last chunk of a stream with `include_usage`: no choices, the usage.
-    fn usage_chunk(&self, o: &Outcome) -> Value {
+    /// The last chunk of a stream with `include_usage`: no choices, the usage of all of them.
+    fn usage_chunk(&self, outcomes: &[Outcome]) -> Value {
         let mut v = self.head_chunk();
         v["choices"] = json!([]);
-        v["usage"] = usage(o);
-        v["timings"] = timings(o);
+        v["usage"] = usage(outcomes);
+        v["timings"] = timings(&outcomes[0]);
         v
     }
 
@@ -245,10 +292,13 @@ impl Reply {
     }
 }
 
-fn usage(o: &Outcome) -> Value {
-    json!({ "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
-            "total_tokens": o.prompt_tokens + o.completion_tokens,
-            "prompt_tokens_details": { "cached_tokens": o.stats.prefix_hit_tokens } })
+/// The usage of a request's choices: the prompt once, every choice's completion; the cached
+/// prompt tokens are the first choice's (the later ones find the prompt it prefilled).
+fn usage(outcomes: &[Outcome]) -> Value {
+    let (prompt, cached) = outcomes.first().map_or((0, 0), |o| (o.prompt_tokens, o.stats.prefix_hit_tokens));
+    let completion: usize = outcomes.iter().map(|o| o.completion_tokens).sum();
+    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": { "cached_tokens": cached } })
 }
 
 /// What the server adds to OpenAI's answer: time to first token, decoding speed, and how

@@ -218,7 +218,8 @@ fn bad_requests_get_openai_error_bodies_and_never_a_500() {
     assert_eq!(error(s, chat, &with("temperature", json!("hot"))).2, "temperature");
     assert_eq!(error(s, chat, &with("temperature", json!(-1))).2, "temperature");
     assert_eq!(error(s, chat, &with("max_tokens", json!(-5))).2, "max_tokens");
-    assert_eq!(error(s, chat, &with("n", json!(2))).2, "n");
+    assert_eq!(error(s, chat, &with("n", json!(17))).2, "n");
+    assert_eq!(error(s, chat, &with("n", json!(0))).2, "n");
     assert_eq!(error(s, chat, &with("top_p", json!(1.5))).2, "top_p");
     assert_eq!(error(s, chat, &with("logit_bias", json!({ "99999999": 5 }))).2, "logit_bias");
     assert_eq!(error(s, chat, &with("messages", json!([{ "role": "wizard", "content": "x" }]))).2, "messages");
@@ -316,4 +317,39 @@ fn a_resent_conversation_hits_the_prefix_cache_with_the_same_text() {
         metrics.lines().any(|l| l.starts_with("specdec_prefix_cache_hits_total ") && !l.ends_with(" 0")),
         "{metrics}"
     );
+}
+
+/// `n` choices: choice i is what a single request seeded with the seed plus i gives, whole
+/// and streamed (chunks carry their choice's index; one `[DONE]` after all).
+#[test]
+fn n_choices_each_equal_a_single_request_with_its_seed() {
+    let Some(s) = server() else { return };
+    let single = |seed: u64| {
+        content(&s.chat(chat_body(PROMPTS[2], json!({ "temperature": 1.0, "seed": seed, "max_tokens": 16 }))).1)
+    };
+    let body = chat_body(PROMPTS[2], json!({ "temperature": 1.0, "seed": 40, "max_tokens": 16, "n": 3 }));
+    let (status, v) = s.chat(body.clone());
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], json!(i));
+        assert_eq!(c["message"]["content"].as_str().unwrap(), single(40 + i as u64), "choice {i}");
+    }
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let chunks = s.stream("/v1/chat/completions", streamed);
+    assert_eq!(chunks.iter().filter(|c| *c == "[DONE]").count(), 1);
+    assert_eq!(chunks.last().map(String::as_str), Some("[DONE]"));
+    let mut texts = vec![String::new(); 3];
+    for c in &chunks[..chunks.len() - 1] {
+        let v: Value = serde_json::from_str(c).unwrap();
+        for choice in v["choices"].as_array().unwrap() {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            texts[i].push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(t, choices[i]["message"]["content"].as_str().unwrap(), "streamed choice {i}");
+    }
 }

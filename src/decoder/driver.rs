@@ -59,7 +59,11 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         let result = self.round();
         let secs = self.clock.seconds() - start;
         for (m, _) in self.members.iter_mut().zip(running).filter(|(_, r)| *r) {
-            m.seq.stats.decode_secs += secs;
+            let stats = &mut m.seq.stats;
+            stats.decode_secs += secs;
+            if stats.first_token_secs == 0.0 && stats.new_tokens > 0 {
+                stats.first_token_secs = stats.prefill_secs + stats.decode_secs;
+            }
         }
         self.ready = result.is_ok();
         self.resync();
@@ -267,8 +271,11 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         let mut ks = Vec::with_capacity(idx.len());
         for (pos, ((&i, b), limit)) in idx.iter().zip(best).zip(limits).enumerate() {
             let m = &mut self.members[i];
-            // A probe from plain steps costs the whole batch's step (one sequence: its own).
-            let probe_loss = (b == 0 && candidates.len() > 1).then(|| costs.probe_loss(&candidates, pos)).flatten();
+            // A probe from plain steps costs the whole batch's step (one sequence: its own), and
+            // its draft's whole catch-up: priced for one sequence too where the draft is further
+            // behind than the tokens left (a new prompt's tail before a short answer).
+            let priced = candidates.len() > 1 || candidates.get(pos).is_some_and(|c| c.behind > c.remaining);
+            let probe_loss = (b == 0 && priced).then(|| costs.probe_loss(&candidates, pos)).flatten();
             let k = m.ctl.next_k(policy, b, longest, costs, probe_loss);
             // A request's own k beats the policy's; then the draft may adjust its block (see
             // `DraftModel::block_len`) within the longest allowed.

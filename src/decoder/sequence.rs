@@ -16,7 +16,7 @@ use super::ChainBlock;
 use crate::error::{Error, Result};
 use crate::kernel::Verdict;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel, TokenModel};
-use crate::prefix::{Hit, PrefixCache};
+use crate::prefix::PrefixCache;
 use crate::sampling::{History, Noise, Processors, SamplingConfig};
 use crate::stats::{Clock, FinishReason, Generation, Stats};
 use crate::stop::{check_prompt, pending, StopRule};
@@ -48,6 +48,8 @@ pub(crate) struct Sequence<D, T> {
     saved: bool,
     /// Whether the prompt's head is still being fed (see [`prefill`](Self::prefill)).
     prefilling: bool,
+    /// Whether this generation looked its prompt up in the prefix cache.
+    looked_up: bool,
 }
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
@@ -71,6 +73,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             prefix: None,
             saved: true,
             prefilling: false,
+            looked_up: false,
         }
     }
 
@@ -111,9 +114,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     }
 
     /// Begins a generation: checks the prompt, leaves the last generation's context in the
-    /// prefix cache (if it was not yet), resets both models and restores each from the longest
-    /// prefix of the prompt the cache holds. The rest of the prompt but its last token (which
-    /// the first round feeds) is left to [`prefill`](Self::prefill).
+    /// prefix cache (if it was not yet) and resets both models. The prompt but its last token
+    /// (which the first round feeds) is left to [`prefill`](Self::prefill).
     ///
     /// # Errors
     /// Bad prompts ([`Error::EmptyPrompt`], [`Error::TokenOutOfRange`]) and model failures.
@@ -127,35 +129,36 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.procs = self.sampling.processors();
         self.generations += 1;
         self.finish = self.stop.finish(&[]);
-        (self.saved, self.prefilling) = (false, true);
-        let head = &prompt[..prompt.len() - 1];
-        let (draft, target, prefix) = (&mut self.draft, &mut self.target, &self.prefix);
-        let mut hit = Hit::default();
+        (self.saved, self.prefilling, self.looked_up) = (false, true, false);
+        let (draft, target) = (&mut self.draft, &mut self.target);
         self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
-            draft.truncate(0)?;
-            if let Some(cache) = prefix {
-                hit = cache.restore(head, target, draft)?;
-            }
-            Ok(())
-        })?;
-        self.stats.prefix_hit_tokens = hit.target;
-        Ok(())
+            draft.truncate(0)
+        })
     }
 
     /// Feeds the target up to `budget` more tokens of the prompt's head (all but its last
     /// token), and the draft the same tokens it lacks when `prefill_draft` (otherwise its first
-    /// draft call catches up). Returns the tokens fed to the target; the prefill is over when
+    /// draft call catches up). The first call restores both models from the longest prefix of
+    /// the head that the prefix cache holds (late, so that a sequence that began beside
+    /// another with the same prompt finds what that one prefilled before it); the last leaves
+    /// the head in the cache. Returns the tokens fed to the target; the prefill is over when
     /// [`prefilling`](Self::prefilling) turns false.
     ///
     /// # Errors
     /// Model failures (the models keep what they held before the call).
     pub fn prefill(&mut self, budget: usize, prefill_draft: bool) -> Result<usize> {
         let head = &self.ctx[..self.prompt_len.saturating_sub(1)];
-        let from = self.target.context_len().min(head.len());
-        let to = head.len().min(from.saturating_add(budget));
-        let (draft, target) = (&mut self.draft, &mut self.target);
+        let (draft, target, prefix) = (&mut self.draft, &mut self.target, &self.prefix);
+        let mut hit = None;
+        let mut fed = 0;
+        let looked_up = self.looked_up;
         self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
+            if let (Some(cache), false) = (prefix, looked_up) {
+                hit = Some(cache.restore(head, target, draft)?);
+            }
+            let from = target.context_len().min(head.len());
+            let to = head.len().min(from.saturating_add(budget));
             if to > from {
                 target.forward(&head[from..to], 0)?;
             }
@@ -163,11 +166,18 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             if prefill_draft && seen < to {
                 draft.propose(&head[seen..to])?;
             }
+            fed = to - from;
+            if let (Some(cache), true, true) = (prefix, to == head.len(), fed > 0) {
+                cache.insert(head, &*target, &*draft);
+            }
             Ok(())
         })?;
-        self.stats.prefill_tokens += to - from;
-        self.prefilling = to < head.len();
-        Ok(to - from)
+        if let Some(hit) = hit {
+            (self.looked_up, self.stats.prefix_hit_tokens) = (true, hit.target);
+        }
+        self.stats.prefill_tokens += fed;
+        self.prefilling = self.target.context_len() < head.len();
+        Ok(fed)
     }
 
     /// Whether the prompt's head is not all fed yet (the sequence takes no round until it is).

@@ -380,11 +380,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             }));
             match flatten(added) {
                 Ok(id) => {
-                    let prefilled = self.batch.stats(id).map_or(0, |s| s.prefill_tokens);
-                    let mut m = self.lock();
-                    m.prompt_tokens += prompt_tokens as u64;
-                    m.prefill_tokens += prefilled as u64;
-                    drop(m);
+                    self.lock().prompt_tokens += prompt_tokens as u64;
                     self.slots.push(Slot {
                         id,
                         sink: q.sink,
@@ -487,6 +483,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         let Some(i) = self.slots.iter().position(|s| s.id == f.id) else { return };
         let mut slot = self.slots.remove(i);
         add_counts(&mut self.lock(), &mut slot.counted, &f.generation.stats);
+        self.lock().prefill_tokens += f.generation.stats.prefill_tokens as u64;
         let rest = slot.text.finish();
         if !rest.is_empty() {
             let _ = (slot.sink)(Event::Delta { tokens: Vec::new(), text: rest });
