@@ -84,6 +84,7 @@ def main():
     during = [b - a for a, b in zip(times, times[1:]) if b > sent and a < first]
     out = {"median_gap_s": round(statistics.median(before), 4) if before else None,
            "longest_gap_during_prefill_s": round(max(during), 4) if during else None,
+           "median_gap_during_prefill_s": round(statistics.median(during), 4) if during else None,
            "chunks_during_prefill": len(during),
            "long_prompt_ttft_s": round(first - sent, 3)}
     if out["median_gap_s"] and out["longest_gap_during_prefill_s"]:
