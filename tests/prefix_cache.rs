@@ -167,58 +167,53 @@ fn same_with_and_without<T: TargetModel, D: DraftModel>(
     Ok(())
 }
 
+/// What a conversation test varies: the sampling, the k policy and chains or trees.
+type Settings = (SamplingConfig, KPolicy, TreePolicy);
+
+/// A decoder of SmolLM2 drafting with `drafter`, 20 tokens a turn, with `cache` if given.
+fn decoder(
+    target: &Arc<LlamaWeights>,
+    drafter: Drafter,
+    (sampling, policy, tree): &Settings,
+    stops: &[u32],
+    cache: Option<PrefixCache>,
+) -> Result<SpeculativeDecoder<Llama, Drafter>> {
+    let mut b = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
+        .sampling(sampling.clone())
+        .k_policy(*policy)
+        .tree(*tree)
+        .max_new_tokens(20)
+        .stop_tokens(stops.iter().copied());
+    if let Some(c) = cache {
+        b = b.prefix_cache(c);
+    }
+    b.build()
+}
+
 #[test]
 fn conversations_from_the_cache_emit_the_same_tokens_for_every_drafter() -> Result<()> {
     let Some((target, draft, tok)) = smol() else { return Ok(()) };
     let stops = tok.stop_ids();
+    let vocab = target.config().vocab_size;
     let greedy = SamplingConfig::greedy();
     let seeded = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(11);
     let trees = TreePolicy::Always("3x3x8".parse()?);
     for (name, sampling) in [("greedy", greedy), ("seeded", seeded)] {
         let policy = if name == "greedy" { KPolicy::default() } else { KPolicy::Fixed(3) };
         for tree in [TreePolicy::Never, trees] {
-            let what = format!("model draft, {name}, {tree:?}");
-            same_with_and_without(&what, &tok, |cache| {
-                let d = Drafter::Model(Llama::new(draft.clone())?);
-                let b = SpeculativeDecoder::builder(Llama::new(target.clone())?, d)
-                    .sampling(sampling.clone())
-                    .k_policy(policy)
-                    .tree(tree)
-                    .max_new_tokens(20)
-                    .stop_tokens(stops.clone());
-                Ok(match cache {
-                    Some(c) => b.prefix_cache(c),
-                    None => b,
-                }
-                .build()?)
+            let settings = (sampling.clone(), policy, tree);
+            same_with_and_without(&format!("model draft, {name}, {tree:?}"), &tok, |cache| {
+                decoder(&target, Drafter::Model(Llama::new(draft.clone())?), &settings, &stops, cache)
             })?;
         }
+        let settings = (sampling.clone(), policy, TreePolicy::Never);
         same_with_and_without(&format!("suffix+model, {name}"), &tok, |cache| {
-            let suffix = SuffixDraft::new(SuffixCache::new(target.config().vocab_size, 1 << 16)?)?;
+            let suffix = SuffixDraft::new(SuffixCache::new(vocab, 1 << 16)?)?;
             let d = Drafter::SuffixModel(LookupOr::with_lookup(suffix, Llama::new(draft.clone())?)?);
-            let b = SpeculativeDecoder::builder(Llama::new(target.clone())?, d)
-                .sampling(sampling.clone())
-                .k_policy(policy)
-                .max_new_tokens(20)
-                .stop_tokens(stops.clone());
-            Ok(match cache {
-                Some(c) => b.prefix_cache(c),
-                None => b,
-            }
-            .build()?)
+            decoder(&target, d, &settings, &stops, cache)
         })?;
         same_with_and_without(&format!("ngram, {name}"), &tok, |cache| {
-            let d = Drafter::NGram(NGramDraft::new(target.config().vocab_size)?);
-            let b = SpeculativeDecoder::builder(Llama::new(target.clone())?, d)
-                .sampling(sampling.clone())
-                .k_policy(policy)
-                .max_new_tokens(20)
-                .stop_tokens(stops.clone());
-            Ok(match cache {
-                Some(c) => b.prefix_cache(c),
-                None => b,
-            }
-            .build()?)
+            decoder(&target, Drafter::NGram(NGramDraft::new(vocab)?), &settings, &stops, cache)
         })?;
     }
     Ok(())
@@ -388,8 +383,8 @@ fn chunked_prefill_changes_no_token() -> Result<()> {
     assert!(BatchDecoder::<Llama, Drafter>::new(KPolicy::default())?.with_prefill_chunk(0).is_err());
     let short: Vec<Vec<u32>> = (0..3).map(|i| first_turn(&tok, i)).collect();
     let mut long = first_turn(&tok, 3);
-    for i in 4..8 {
-        long = next_turn(&tok, &long, &first_turn(&tok, i), QUESTIONS[i]);
+    for (i, q) in QUESTIONS.iter().enumerate().skip(4) {
+        long = next_turn(&tok, &long, &first_turn(&tok, i), q);
     }
     let cache = PrefixCache::new(64 << 20);
     let mut batch = BatchDecoder::new(KPolicy::default())?.with_prefill_chunk(7)?.with_prefix_cache(cache);

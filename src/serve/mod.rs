@@ -219,9 +219,8 @@ impl Server {
         }
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
-        let mut counters = Metrics::default();
-        counters.prefix = batch.prefix_cache().map(PrefixCache::stats).unwrap_or_default();
-        let metrics = Arc::new(Mutex::new(counters));
+        let prefix = batch.prefix_cache().map(PrefixCache::stats).unwrap_or_default();
+        let metrics = Arc::new(Mutex::new(Metrics { prefix, ..Metrics::default() }));
         let mut scheduler = Scheduler {
             batch,
             models: Box::new(models),
