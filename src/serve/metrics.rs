@@ -117,41 +117,41 @@ impl Metrics {
             reasons.iter().zip(self.finished).map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n as f64)).collect();
         one("requests_finished_total", "counter", "Finished requests by reason.", &by_reason);
         one("prompt_tokens_total", "counter", "Prompt tokens of started requests.", &plain(self.prompt_tokens as f64));
-        one(
-            "prefill_tokens_total",
-            "counter",
-            "Prompt tokens prefilled (not from the cache).",
-            &plain(self.prefill_tokens as f64),
-        );
         let p = &self.prefix;
-        one(
-            "prefix_cache_lookups_total",
-            "counter",
-            "Prompts looked up in the prefix cache.",
-            &plain(p.lookups as f64),
-        );
-        one("prefix_cache_hits_total", "counter", "Prompts that found a cached prefix.", &plain(p.hits as f64));
-        one(
-            "prefix_cache_hit_tokens_total",
-            "counter",
-            "Prompt tokens the target took from the cache.",
-            &plain(p.hit_tokens as f64),
-        );
-        one(
-            "prefix_cache_draft_hit_tokens_total",
-            "counter",
-            "Prompt tokens the draft took from the cache.",
-            &plain(p.draft_hit_tokens as f64),
-        );
-        one("prefix_cache_evictions_total", "counter", "Cache entries evicted.", &plain(p.evictions as f64));
-        one(
-            "prefix_cache_evicted_tokens_total",
-            "counter",
-            "Positions evicted from the cache.",
-            &plain(p.evicted_tokens as f64),
-        );
-        one("prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.", &plain(p.bytes as f64));
-        one("prefix_cache_budget_bytes", "gauge", "The most bytes the prefix cache holds.", &plain(p.budget as f64));
+        let single: [(&str, &str, &str, f64); 9] = [
+            (
+                "prefill_tokens_total",
+                "counter",
+                "Prompt tokens prefilled (not from the cache).",
+                self.prefill_tokens as f64,
+            ),
+            ("prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.", p.lookups as f64),
+            ("prefix_cache_hits_total", "counter", "Prompts that found a cached prefix.", p.hits as f64),
+            (
+                "prefix_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens the target took from the cache.",
+                p.hit_tokens as f64,
+            ),
+            (
+                "prefix_cache_draft_hit_tokens_total",
+                "counter",
+                "Prompt tokens the draft took from the cache.",
+                p.draft_hit_tokens as f64,
+            ),
+            ("prefix_cache_evictions_total", "counter", "Cache entries evicted.", p.evictions as f64),
+            (
+                "prefix_cache_evicted_tokens_total",
+                "counter",
+                "Positions evicted from the cache.",
+                p.evicted_tokens as f64,
+            ),
+            ("prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.", p.bytes as f64),
+            ("prefix_cache_budget_bytes", "gauge", "The most bytes the prefix cache holds.", p.budget as f64),
+        ];
+        for (name, kind, help, value) in &single {
+            one(name, kind, help, &plain(*value));
+        }
         one("generated_tokens_total", "counter", "Tokens generated.", &plain(self.completion_tokens as f64));
         one("drafted_tokens_total", "counter", "Tokens drafted.", &plain(self.drafted as f64));
         one("accepted_tokens_total", "counter", "Drafted tokens accepted.", &plain(self.accepted as f64));

@@ -360,6 +360,12 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
 
     /// Starts queued requests while slots are free.
     fn admit(&mut self) {
+        self.admit_queued();
+        // The running and queued gauges move here too (an idle check reads them).
+        self.gauges();
+    }
+
+    fn admit_queued(&mut self) {
         while self.slots.len() < self.max_running {
             let Some(mut q) = self.queue.pop_front() else { return };
             self.queued.fetch_sub(1, Ordering::SeqCst);
