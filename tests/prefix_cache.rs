@@ -27,7 +27,7 @@ fn smol() -> Option<(Arc<LlamaWeights>, Arc<LlamaWeights>, Tokenizer)> {
 }
 
 /// The Qwen pair as stored; not at the portable SIMD level, whose scalar quantized kernels
-/// take minutes per generation of the 1.5B (CI runs this file at every level).
+/// take minutes per generation of the 1.5B.
 fn qwen() -> Option<(Arc<LlamaWeights>, Arc<LlamaWeights>, Tokenizer)> {
     if std::env::var("SPECDEC_SIMD").is_ok_and(|l| l == "portable") {
         return None;

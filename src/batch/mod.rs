@@ -257,6 +257,12 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         &self.driver.costs
     }
 
+    /// Merges costs measured elsewhere (say, when a server starts) into the ones the adaptive
+    /// policy decides from; those it learns in its steps follow on from them.
+    pub fn learn_costs(&mut self, costs: CostModel) {
+        self.driver.costs.merge(costs);
+    }
+
     /// The acceptance of every sequence's drafts, pooled (where a new sequence's estimate
     /// starts).
     pub fn alpha(&self) -> f64 {

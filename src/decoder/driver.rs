@@ -277,6 +277,9 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             let priced = candidates.len() > 1 || candidates.get(pos).is_some_and(|c| c.behind > c.remaining);
             let probe_loss = (b == 0 && priced).then(|| costs.probe_loss(&candidates, pos)).flatten();
             let k = m.ctl.next_k(policy, b, longest, costs, probe_loss);
+            // A probe whose draft must first catch up on more tokens than the sequence has left
+            // to generate cannot pay that back: it is skipped.
+            let k = if b == 0 && candidates.get(pos).is_some_and(|c| c.behind > c.remaining) { 0 } else { k };
             // A request's own k beats the policy's; then the draft may adjust its block (see
             // `DraftModel::block_len`) within the longest allowed.
             let (k, max) = m.fixed_k.map_or((k, longest), |own| (own, own));

@@ -14,6 +14,7 @@
 
 mod metrics;
 mod text;
+mod warm;
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -312,6 +313,9 @@ struct Scheduler<T, D> {
 
 impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
     fn run(&mut self, rx: Receiver<Queued>) {
+        if let KPolicy::Adaptive { .. } = self.batch.policy() {
+            self.warm_up();
+        }
         loop {
             // Wait only when there is nothing to do.
             if self.slots.is_empty() && self.queue.is_empty() {
@@ -356,6 +360,19 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
                 self.finish(f);
             }
         }
+    }
+
+    /// Measures a first estimate of the costs on a new slot's models (which then join the
+    /// pool); a failure leaves the batch to learn them from its first steps.
+    fn warm_up(&mut self) {
+        let warmed = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+            let (mut target, mut draft) = (self.models)()?;
+            let costs = warm::warm_costs(&mut target, &mut draft)?;
+            self.batch.learn_costs(costs);
+            self.pool.push((target, draft));
+            Ok(())
+        }));
+        drop(flatten(warmed));
     }
 
     /// Starts queued requests while slots are free.
