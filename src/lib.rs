@@ -184,3 +184,8 @@ pub use tree::{DraftTree, TreeBudget, TreeCall, TreeShape};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's Rust code (docs/guide.md), compiled as doctests too.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct GuideDoctests;

@@ -111,12 +111,9 @@ impl PrefixCache {
     }
 
     /// The tokens of the longest cached prefix of `tokens` for the target (at most all of
-    /// them).
+    /// them); a query that copies no rows and counts as no use.
     pub fn longest_prefix(&self, tokens: &[u32]) -> usize {
-        let mut t = self.lock();
-        t.clock += 1;
-        let now = t.clock;
-        t.roles[0].lookup(tokens, now).0
+        self.lock().roles[0].walk(tokens).1
     }
 
     /// Restores into `target` and `draft` (both with empty contexts) the longest cached
@@ -330,9 +327,8 @@ impl Tree {
             last_used: node.last_used,
         };
         self.bytes += NODE_OVERHEAD;
-        let children = tail.children.clone();
         let slot = self.add(tail);
-        for c in children {
+        for c in self.node(slot).children.clone() {
             self.node_mut(c).parent = slot;
         }
         self.node_mut(n).children.push(slot);
