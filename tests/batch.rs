@@ -494,17 +494,20 @@ fn calibration_is_an_explicit_call_and_otherwise_the_passes_measure() -> Result<
 }
 
 #[test]
-fn the_first_adaptive_step_drafts_one_token_a_sequence_to_time_the_draft() -> Result<()> {
+fn the_first_adaptive_step_times_the_draft_with_one_sequence_s_token() -> Result<()> {
     // A draft equal to its target: every drafted token is accepted, so a step of k drafts
-    // emits k + 1 tokens.
+    // emits k + 1 tokens. One sequence drafts one token to time the draft for the batch (the
+    // one with least to catch up on, the first on a tie); the others step plainly rather than
+    // each catching its draft up on its prompt to time the same call.
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 9);
     let mut batch = BatchDecoder::new(KPolicy::default())?;
-    for prompt in [vec![1, 2], vec![3]] {
+    for prompt in [vec![1, 2], vec![3], vec![4, 5]] {
         batch.add(target.clone(), draft.clone(), Request::new(prompt).max_new_tokens(20))?;
     }
     assert!(!batch.costs().has_any_draft());
     let first = batch.step()?;
-    assert!(first.iter().all(|(_, new)| new.len() == 2), "one drafted token and the bonus: {first:?}");
+    let lens: Vec<usize> = first.iter().map(|(_, new)| new.len()).collect();
+    assert_eq!(lens, [2, 1, 1], "one drafted token and the bonus, then plain steps: {first:?}");
     assert!(batch.costs().has_any_draft(), "the draft call was timed");
     Ok(())
 }

@@ -10,6 +10,9 @@ pub(crate) struct SeqControl {
     pub prober: Prober,
     /// The latest k chosen (the grow/shrink policy's running k).
     k: usize,
+    /// Whether a round of its own drafted: until then its estimate is the one it started from,
+    /// and the batch's pooled estimate, which its neighbours' rounds keep teaching, is better.
+    drafted: bool,
 }
 
 impl SeqControl {
@@ -20,12 +23,22 @@ impl SeqControl {
             KPolicy::Adaptive { .. } => 1,
             KPolicy::Plain => 0,
         };
-        Self { acceptance, prober, k }
+        Self { acceptance, prober, k, drafted: false }
     }
 
     /// The latest k (before any round, the first round's).
     pub fn k(&self) -> usize {
         self.k
+    }
+
+    /// Its acceptance estimate, or `pooled` (every sequence's, as it stands now) until a round
+    /// of its own drafted.
+    pub fn alpha(&self, pooled: &Acceptance) -> f64 {
+        if self.drafted {
+            self.acceptance.alpha()
+        } else {
+            pooled.alpha()
+        }
     }
 
     /// The k of the next round: the policy's (fixed, the grow/shrink running k), or under the
@@ -50,6 +63,7 @@ impl SeqControl {
     /// adaptive policy the prober's verdict (`max_rows`: the most rows a round scores).
     pub fn observe(&mut self, policy: KPolicy, round: &RoundReport, costs: &CostModel, max_rows: usize) {
         self.acceptance.observe(round.drafted, round.accepted);
+        self.drafted |= round.drafted > 0;
         match policy {
             KPolicy::Plain | KPolicy::Fixed(_) => {}
             KPolicy::GrowShrink { max, .. } => {

@@ -24,14 +24,16 @@ const NEW: f64 = 0.1;
 const SHAPE_PASSES: usize = 3;
 
 /// Before two sizes are measured, scoring m rows is taken to cost 1 + 0.25·(m − 1) one-row
-/// passes (a memory-bound pass widens cheaply), scaled through the one measured size.
+/// passes (a memory-bound pass widens cheaply), scaled through the one measured size; past the
+/// largest size measured, no less than that line through it.
 const PRIOR_SLOPE: f64 = 0.25;
 
-/// How much faster than plain steps drafting must be predicted to be before drafts that must
-/// catch up start: the T(m) curve moves with the machine's load (a memory-bound pass slows
-/// more than a compute-bound one when neighbours share the memory), so smaller predicted gains
-/// are as likely losses, and the catch-up is spent either way. Drafts already in step need the
-/// gain every choice needs, [`MIN_GAIN`].
+/// How much faster than plain steps drafting must be predicted to be before drafts start whose
+/// catch-up costs more than a plain step: the T(m) curve moves with the machine's load (a
+/// memory-bound pass slows more than a compute-bound one when neighbours share the memory), so
+/// smaller predicted gains are as likely losses, and the catch-up is spent either way. Drafts
+/// already in step, or whose catch-up costs less than a step, need the gain every choice
+/// needs, [`MIN_GAIN`].
 const MARGIN: f64 = 0.1;
 
 /// The most steps over which a catch-up is expected to pay back.
@@ -198,13 +200,23 @@ impl CostModel {
     /// T(m): the seconds of a target pass of `rows` rows (`None` before any measurement).
     pub fn target_secs(&self, rows: usize) -> Option<f64> {
         let shape = |m: usize| self.target[m].map(|(secs, _)| secs);
+        let prior = |m: usize| 1.0 + PRIOR_SLOPE * m.saturating_sub(1) as f64;
         let mut measured = (0..self.target.len()).filter_map(|m| shape(m).map(|v| (m, v)));
         let t = match (measured.next(), measured.next()) {
-            (Some((m, v)), None) => {
-                let prior = |m: usize| 1.0 + PRIOR_SLOPE * m.saturating_sub(1) as f64;
-                v * prior(rows) / prior(m)
+            (Some((m, v)), None) => v * prior(rows) / prior(m),
+            _ => {
+                // Past the largest size measured, the line through the last two may be flat
+                // (a memory-bound stretch) where the pass has long turned compute-bound: no
+                // flatter than the prior's slope from there, so that a size never tried does
+                // not look free (the first batch to try it measures it).
+                let line = estimate(self.target.len(), shape, rows)?;
+                let (last, v) = (0..self.target.len()).rev().find_map(|m| shape(m).map(|v| (m, v)))?;
+                if rows > last {
+                    line.max(v * prior(rows) / prior(last))
+                } else {
+                    line
+                }
             }
-            _ => estimate(self.target.len(), shape, rows)?,
         };
         Some(t * self.target_level)
     }
@@ -309,8 +321,8 @@ impl CostModel {
     /// The k of each sequence (at most its limit) with the highest predicted throughput: the
     /// best common k, then, one sequence at a time (the most accepting first, then back from
     /// the least), the best k for it with the others held; the smaller k on ties. Plain steps
-    /// (all zeros) unless that beats them by `MIN_GAIN` (by 10 % where drafts must catch up
-    /// first), and before T is measured.
+    /// (all zeros) unless that beats them by `MIN_GAIN` (by 10 % where drafts must first catch
+    /// up on more than a plain step's worth), and before T is measured.
     pub fn choose(&self, seqs: &[Candidate]) -> Vec<usize> {
         let max = seqs.iter().map(|s| s.limit).max().unwrap_or(0);
         let score = |ks: &[usize]| self.throughput(seqs, ks).unwrap_or(0.0);
@@ -337,12 +349,21 @@ impl CostModel {
         // A predicted gain within the estimates' error is not worth starting drafts that must
         // catch up first; drafts already in step keep drafting while it is predicted to pay.
         let plain = common(0);
-        let starts = seqs.iter().zip(&best).any(|(s, &k)| k > 0 && s.behind > 0);
-        let gain = if starts { 1.0 + MARGIN } else { MIN_GAIN };
+        let gain = if self.risky_start(seqs, &best) { 1.0 + MARGIN } else { MIN_GAIN };
         if score(&best) < gain * score(&plain) {
             return plain;
         }
         best
+    }
+
+    /// Whether drafts that must catch up start in `ks` and their catch-up, one batched draft
+    /// call over all the tokens they missed, costs more than a plain step: a start that is
+    /// spent either way if the predicted gain was the estimates' error. (A catch-up cheaper
+    /// than a step risks less than the step.)
+    fn risky_start(&self, seqs: &[Candidate], ks: &[usize]) -> bool {
+        let missed: usize = seqs.iter().zip(ks).filter(|&(_, &k)| k > 0).map(|(s, _)| s.behind).sum();
+        let plain = vec![0; seqs.len()];
+        missed > 0 && self.step_secs(seqs, &plain).is_none_or(|step| self.draft_secs(missed) > step)
     }
 }
 
@@ -434,6 +455,20 @@ mod tests {
         assert!((fresh.draft_secs(8) - 0.015).abs() < 1e-12);
         fresh.observe_draft(2, 0.004);
         assert!((fresh.draft_secs(8) - (0.004 + 0.020 - 0.010 - 0.010 / 7.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sizes_past_the_largest_measured_are_not_free() {
+        // Passes of 2 and 8 rows measured alike (a memory-bound stretch): 48 rows are not read
+        // off that flat line but rise from 8 rows at least as the prior does.
+        let mut c = CostModel::default();
+        c.observe_target(1, 1.0);
+        for m in [2, 8] {
+            c.observe_target(m, 0.010);
+        }
+        assert_eq!(c.target_secs(5), Some(0.010));
+        let t48 = c.target_secs(48).unwrap_or(0.0);
+        assert!((t48 - 0.010 * (1.0 + 0.25 * 47.0) / (1.0 + 0.25 * 7.0)).abs() < 1e-12, "{t48}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod policy;
 mod prober;
 mod speedup;
 mod tree;
+mod warm;
 
 pub(crate) use acceptance::Acceptance;
 pub(crate) use control::SeqControl;

@@ -343,7 +343,9 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// sequences move to [`take_finished`](Self::take_finished)). Under the adaptive policy the
     /// steps measure T(m) as they go, unless [`calibrate`](Self::calibrate) or
     /// [`with_costs`](Self::with_costs) gave it T(m) first; until a draft call has been timed
-    /// each sequence drafts one token. A batch of one runs exactly the rounds of a
+    /// one sequence (the one whose draft has least to catch up on) drafts one token to time it
+    /// while the others step plainly ([`CostModel::warm`](crate::adaptive::CostModel::warm) and
+    /// [`learn_costs`](Self::learn_costs) spare that step). A batch of one runs exactly the rounds of a
     /// [`SpeculativeDecoder`](crate::SpeculativeDecoder) (the same driver).
     ///
     /// # Errors

@@ -260,7 +260,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
                 let m = &self.members[i];
                 let missed = m.seq.draft_missed()?.len();
                 let behind = if missed > 2 { missed - 1 } else { 0 };
-                let (alpha, remaining) = (m.ctl.acceptance.alpha(), m.seq.remaining());
+                let (alpha, remaining) = (m.ctl.alpha(&self.pool), m.seq.remaining());
                 candidates.push(Candidate { alpha, limit: limit.min(longest), behind, remaining });
             }
         }
@@ -285,12 +285,31 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             let (k, max) = m.fixed_k.map_or((k, longest), |own| (own, own));
             ks.push(if k > 0 { m.seq.block_len(k.min(limit), max).min(limit) } else { 0 });
         }
+        if !candidates.is_empty() && !self.costs.has_any_draft() {
+            self.one_measures(idx, &candidates, &mut ks);
+        }
         candidates.iter_mut().for_each(|c| c.behind = 0);
         let predicted = match candidates.is_empty() {
             true => None,
             false => self.costs.step_secs(&candidates, &ks).map(|p| (ks.iter().any(|&k| k > 0), p)),
         };
         Ok((ks, predicted))
+    }
+
+    /// Until a draft call is timed, every sequence's prober asks for one drafted token to time
+    /// one (see `adaptive::Prober`); in a batch one sequence measures for all, the one whose
+    /// draft has least to catch up on, and the others step plainly: at 8 sequences, each
+    /// draft catching up on its prompt to be measured cost 17 % of a 64-token run
+    /// (docs/perf/batch.md). A request's own k stands.
+    fn one_measures(&self, idx: &[usize], candidates: &[Candidate], ks: &mut [usize]) {
+        let own = |pos: usize| self.members[idx[pos]].fixed_k.is_some();
+        let asking = (0..ks.len()).filter(|&pos| ks[pos] > 0 && !own(pos));
+        let Some(first) = asking.min_by_key(|&pos| candidates[pos].behind) else { return };
+        for (pos, k) in ks.iter_mut().enumerate() {
+            if pos != first && !own(pos) {
+                *k = 0;
+            }
+        }
     }
 
     /// Feeds the drafts of the sequences about to draft, in one batched call, all but the last

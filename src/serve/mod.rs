@@ -14,7 +14,6 @@
 
 mod metrics;
 mod text;
-mod warm;
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -28,7 +27,7 @@ use std::time::Instant;
 pub use metrics::{Histogram, Metrics};
 use text::TextOut;
 
-use crate::adaptive::KPolicy;
+use crate::adaptive::{CostModel, KPolicy};
 use crate::batch::{BatchDecoder, Finished, Request, SeqId};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
@@ -367,7 +366,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
     fn warm_up(&mut self) {
         let warmed = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
             let (mut target, mut draft) = (self.models)()?;
-            let costs = warm::warm_costs(&mut target, &mut draft)?;
+            let costs = CostModel::warm(&mut target, &mut draft)?;
             self.batch.learn_costs(costs);
             self.pool.push((target, draft));
             Ok(())
