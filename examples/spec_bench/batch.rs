@@ -24,6 +24,20 @@ pub struct Plan<'a> {
     pub prompts: &'a [Vec<u32>],
     pub svg: String,
     pub json: bool,
+    /// 0 for greedy decoding; otherwise sequence i samples at this temperature with seed i.
+    pub temperature: f64,
+    /// The chart's title: the models.
+    pub title: String,
+}
+
+impl Plan<'_> {
+    /// The sampling of sequence `i`.
+    fn sampling(&self, i: usize) -> Result<SamplingConfig> {
+        Ok(match self.temperature {
+            0.0 => SamplingConfig::greedy(),
+            t => SamplingConfig::new(t as f32)?.with_seed(1000 + i as u64),
+        })
+    }
 }
 
 /// One (batch size, policy) run.
@@ -43,7 +57,10 @@ pub fn run(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -
     let start = Instant::now();
     let mut probe = Llama::new(target.clone())?;
     probe.forward(&plan.prompts[0], 0)?;
-    let costs = CostModel::measure(&mut probe, plan.prompts[0][0], MAX_ROWS)?;
+    let mut costs = CostModel::measure(&mut probe, plan.prompts[0][0], MAX_ROWS)?;
+    // What a server measures when it starts (a draft call among them), so that no run's first
+    // round measures the draft by drafting: each run below starts a new decoder.
+    costs.merge(CostModel::warm(&mut probe, &mut Llama::new(draft.clone())?)?);
     let t1 = costs.target_secs(1).unwrap_or(f64::NAN);
     println!("T(m), the target pass over m rows, measured once in {:.1} s:", start.elapsed().as_secs_f64());
     for m in [1, 2, 4, 8, 16, 32, 64, 128] {
@@ -145,7 +162,7 @@ fn measure(
         batch.add(
             Llama::new(target.clone())?,
             Llama::new(draft.clone())?,
-            Request::new(prompt).max_new_tokens(plan.tokens),
+            Request::new(prompt).sampling(plan.sampling(i)?).max_new_tokens(plan.tokens),
         )?;
     }
     let joined = Instant::now();
@@ -170,10 +187,10 @@ fn measure(
 /// speculation, tokens/s of decoding and with prefill (as the batch rows count them), the mean
 /// of `plan.repeats` runs each, alternating.
 fn single_sequence(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -> Result<[f64; 4]> {
-    let mut plain =
-        PlainDecoder::new(Llama::new(target.clone())?, SamplingConfig::greedy()).max_new_tokens(plan.tokens);
+    let mut plain = PlainDecoder::new(Llama::new(target.clone())?, plan.sampling(0)?).max_new_tokens(plan.tokens);
     let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, Llama::new(draft.clone())?)
         .k_policy(KPolicy::default())
+        .sampling(plan.sampling(0)?)
         .max_new_tokens(plan.tokens)
         .build()?;
     let rates = |s: &Stats| [s.tokens_per_sec(), s.new_tokens as f64 / (s.decode_secs + s.prefill_secs).max(1e-9)];
@@ -240,7 +257,7 @@ fn summary(plan: &Plan, policies: &[KPolicy], table: &[(usize, KPolicy, Measure)
     }
     let kernels = specdec::cpu::kernels().to_string();
     let cpu = kernels.rsplit_once('(').map_or("", |(_, c)| c.trim_end_matches(')'));
-    let title = format!("SmolLM2-135M f32 target, Q4_1 draft, {} tokens/sequence; {cpu}", plan.tokens);
+    let title = format!("{}, {} tokens/sequence, temperature {}; {cpu}", plan.title, plan.tokens, plan.temperature);
     line_chart(&plan.svg, &title, "batch size", "tokens/s decoding, all sequences", &series(&tok_s), true)?;
     let latency_svg = plan.svg.replace(".svg", "-latency.svg");
     line_chart(&latency_svg, &title, "batch size", "seconds per sequence (mean)", &series(&latency), true)?;
@@ -254,7 +271,8 @@ fn summary(plan: &Plan, policies: &[KPolicy], table: &[(usize, KPolicy, Measure)
                        "tokens_per_call": m.stats.tokens_per_target_call()})
             })
             .collect();
-        println!("{}", json!({"kernels": specdec::cpu::kernels().to_string(), "single": single, "rows": rows}));
+        let head = json!({"kernels": specdec::cpu::kernels().to_string(), "models": plan.title, "temperature": plan.temperature});
+        println!("{}", json!({"run": head, "single": single, "rows": rows}));
     }
     Ok(())
 }

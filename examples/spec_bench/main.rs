@@ -100,6 +100,13 @@ pub struct Args {
     /// Batch mode: runs per batch size and policy (the policies take turns).
     #[arg(long, default_value_t = 2)]
     batch_repeats: usize,
+    /// Batch mode: the draft model (a .gguf, run as stored); default: the target's own file as
+    /// stored (SmolLM2's Q4_1 weights beside its f32 copy).
+    #[arg(long)]
+    batch_draft: Option<String>,
+    /// Batch mode: the temperature (0: greedy); sequence i samples with seed 1000 + i.
+    #[arg(long, default_value_t = 0.0)]
+    batch_temperature: f64,
     /// Batch mode: where to write the chart of throughput against batch size.
     #[arg(long, default_value = "docs/charts/batch-throughput.svg")]
     batch_svg: String,
@@ -165,8 +172,16 @@ fn main() -> Result<()> {
             prompts: &prompts,
             svg: args.batch_svg.clone(),
             json: args.json,
+            temperature: args.batch_temperature,
+            title: String::new(),
         };
-        return batch::run(&target, &files.load(WeightFormat::Stored, &device)?.0, &plan);
+        let draft_files = match &args.batch_draft {
+            Some(path) => ModelFiles::resolve(path)?,
+            None => files.clone(),
+        };
+        let draft = draft_files.load(WeightFormat::Stored, &device)?.0;
+        let title = format!("{} ({target_format}) drafted by {} (stored)", files.name(), draft_files.name());
+        return batch::run(&target, &draft, &batch::Plan { title, ..plan });
     }
     if let Some(path) = &args.workload {
         return workload::run(&args, &files, &target, &tok, path);
