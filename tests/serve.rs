@@ -1,6 +1,6 @@
 //! The serving scheduler on toy models: every request gets what plain decoding with its
 //! settings gives, whatever else runs beside it; a request that panics or errs fails alone
-//! and the server goes on; a full queue is a typed `Busy`; a dropped stream frees its slot.
+//! and the server goes on, and so does one whose callback panics; a full queue is a typed `Busy`; a dropped stream frees its slot.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -110,6 +110,40 @@ fn a_request_that_panics_or_errs_fails_alone_and_the_server_goes_on() -> Result<
     let (tokens, _) = drain(server.submit(job(vec![5], SamplingConfig::greedy(), 12))?);
     assert_eq!(tokens, plain(&[5], SamplingConfig::greedy(), 12)?);
     assert_eq!(server.metrics().finished[3], 2);
+    Ok(())
+}
+
+#[test]
+fn a_sink_that_panics_ends_its_own_request_and_the_server_goes_on() -> Result<()> {
+    let server = server(4, 64)?;
+    // A callback that panics at its third event (beside three requests read as streams).
+    let (tx, rx) = mpsc::channel();
+    let mut events = 0;
+    let sink: specdec::serve::Sink = Box::new(move |e| {
+        events += 1;
+        if events == 3 {
+            panic!("a faulty sink");
+        }
+        let _ = tx.send(e);
+        std::ops::ControlFlow::Continue(())
+    });
+    server.submit_with(job(vec![2, 3], SamplingConfig::greedy(), 30), sink)?;
+    let good: Vec<Stream> =
+        (0..3u64).map(|i| server.submit(job(vec![4 + i as u32], settings(i)?, 30))).collect::<Result<_>>()?;
+    for (i, s) in good.into_iter().enumerate() {
+        let (tokens, last) = drain(s);
+        assert!(matches!(last, Event::Done(_)), "{last:?}");
+        assert_eq!(tokens, plain(&[4 + i as u32], settings(i as u64)?, 30)?, "request {i}");
+    }
+    // The faulty request heard two events, panicked at the third, and was cancelled, as if
+    // its listener had left: its last event says so.
+    let heard: Vec<Event> = rx.iter().collect();
+    assert_eq!(heard.len(), 3, "{heard:?}");
+    assert!(matches!(&heard[2], Event::Done(o) if o.finish == FinishReason::Cancelled), "{heard:?}");
+    let (tokens, _) = drain(server.submit(job(vec![5], SamplingConfig::greedy(), 12))?);
+    assert_eq!(tokens, plain(&[5], SamplingConfig::greedy(), 12)?, "a new request after the panic");
+    let m = server.metrics();
+    assert_eq!((m.finished[1], m.finished[2]), (4, 1), "four whole requests and the cancelled one");
     Ok(())
 }
 

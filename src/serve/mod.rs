@@ -112,7 +112,8 @@ pub struct Outcome {
 }
 
 /// Where a request's events go: `Break` when nobody listens any more (the request is then
-/// cancelled).
+/// cancelled). A sink that panics is taken for one whose listener left: its request ends, the
+/// others and the scheduler go on.
 pub type Sink = Box<dyn FnMut(Event) -> ControlFlow<()> + Send>;
 
 /// A request's events, in order; dropping it cancels the request.
@@ -249,7 +250,8 @@ impl Server {
     }
 
     /// Submits a request whose events go to `sink` (called on the scheduler thread: it must
-    /// not block; an async server sends them into its own channel).
+    /// not block; an async server sends them into its own channel). A sink that panics ends
+    /// its own request, as one returning `Break` does; the other requests go on.
     ///
     /// # Errors
     /// As [`submit`](Self::submit).
@@ -350,7 +352,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
                 first_token_secs: 0.0,
                 stats: Stats::default(),
             };
-            let _ = (q.sink)(Event::Done(outcome));
+            let _ = send(&mut q.sink, Event::Done(outcome));
         }
         let cancelled: Vec<SeqId> =
             self.slots.iter().filter(|s| s.cancel.load(Ordering::Relaxed)).map(|s| s.id).collect();
@@ -387,7 +389,10 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             if self.tokenizer.is_none() && !q.job.stop_strings.is_empty() {
                 self.lock().finished[3] += 1;
-                let _ = (q.sink)(Event::Failed(Error::setting("stop strings", "given", "a server with a tokenizer")));
+                let _ = send(
+                    &mut q.sink,
+                    Event::Failed(Error::setting("stop strings", "given", "a server with a tokenizer")),
+                );
                 continue;
             }
             let prompt_tokens = q.job.request.prompt.len();
@@ -417,7 +422,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
                 }
                 Err(e) => {
                     self.lock().finished[3] += 1;
-                    let _ = (q.sink)(Event::Failed(e));
+                    let _ = send(&mut q.sink, Event::Failed(e));
                 }
             }
         }
@@ -471,7 +476,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             Err(e) => return self.fail(id, e),
         };
         slot.stopped |= stopped;
-        let flow = (slot.sink)(Event::Delta { tokens: tokens.to_vec(), text });
+        let flow = send(&mut slot.sink, Event::Delta { tokens: tokens.to_vec(), text });
         {
             let mut m = self.lock();
             if first {
@@ -494,7 +499,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             let mut slot = self.slots.remove(i);
             self.lock().finished[3] += 1;
             self.gauges(); // before the listener hears of it
-            let _ = (slot.sink)(Event::Failed(e));
+            let _ = send(&mut slot.sink, Event::Failed(e));
         }
     }
 
@@ -507,7 +512,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         self.lock().prefill_tokens += f.generation.stats.prefill_tokens as u64;
         let rest = slot.text.finish();
         if !rest.is_empty() {
-            let _ = (slot.sink)(Event::Delta { tokens: Vec::new(), text: rest });
+            let _ = send(&mut slot.sink, Event::Delta { tokens: Vec::new(), text: rest });
         }
         let finish = if slot.stopped { FinishReason::Stop } else { f.generation.finish };
         let outcome = Outcome {
@@ -527,7 +532,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             m.completion_tokens += outcome.completion_tokens as u64;
         }
         self.gauges(); // before the listener hears of it: a client that saw its end sees it counted
-        let _ = (slot.sink)(Event::Done(outcome));
+        let _ = send(&mut slot.sink, Event::Done(outcome));
         if self.pool.len() < self.max_running {
             self.pool.push((f.target, f.draft));
         }
@@ -562,10 +567,10 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
 impl<T, D> Drop for Scheduler<T, D> {
     fn drop(&mut self) {
         for slot in &mut self.slots {
-            let _ = (slot.sink)(Event::Failed(Error::NotReady("the server stopped")));
+            let _ = send(&mut slot.sink, Event::Failed(Error::NotReady("the server stopped")));
         }
         for q in &mut self.queue {
-            let _ = (q.sink)(Event::Failed(Error::NotReady("the server stopped")));
+            let _ = send(&mut q.sink, Event::Failed(Error::NotReady("the server stopped")));
         }
     }
 }
@@ -581,6 +586,12 @@ fn add_counts(m: &mut Metrics, counted: &mut [usize; 3], stats: &Stats) -> usize
     m.target_calls += new[2].saturating_sub(old[2]);
     *counted = now;
     now[0].saturating_sub(old[0] as usize)
+}
+
+/// Hands `event` to `sink`; a sink that panics counts as one whose listener left (`Break`), so
+/// that a callback can end its own request but never the scheduler thread.
+fn send(sink: &mut Sink, event: Event) -> ControlFlow<()> {
+    catch_unwind(AssertUnwindSafe(|| sink(event))).unwrap_or(ControlFlow::Break(()))
 }
 
 /// A result from inside `catch_unwind`, a panic turned into an error with its message.
