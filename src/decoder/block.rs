@@ -37,7 +37,9 @@ impl ChainBlock {
         &self.tokens
     }
 
-    /// The q row the `i`-th drafted token was sampled from, if it was sampled from a row.
+    /// The q row the `i`-th drafted token was sampled from, if it was sampled from a row (for
+    /// the injected faults of the tests).
+    #[cfg(feature = "fault-injection")]
     pub fn q_row_mut(&mut self, i: usize) -> Option<&mut Vec<f32>> {
         match self.dense.get(i) {
             Some(true) => self.q_rows.get_mut(i),

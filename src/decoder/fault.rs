@@ -1,12 +1,16 @@
 //! Batch bugs that the tests inject on purpose, to show that their statistics catch each one
 //! (`tests/batch.rs`, the `batch_power_*` tests). Not for use: a batch with a fault set emits
-//! the wrong distribution, or the wrong tokens, by design. With no fault set (always, outside
-//! those tests) every method here does nothing.
+//! the wrong distribution, or the wrong tokens, by design. Without the `fault-injection`
+//! feature the hooks are empty and inlined, so that no build for use carries them; with it and
+//! no fault set (always, outside those tests) every method here does nothing.
 
 use rand::rngs::StdRng;
+#[cfg(feature = "fault-injection")]
 use rand::SeedableRng;
 
-use super::member::{Member, SeqId};
+use super::member::Member;
+#[cfg(feature = "fault-injection")]
+use super::member::SeqId;
 
 /// A batch bug to inject with `BatchDecoder::inject_fault` (feature `fault-injection`).
 #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
@@ -24,6 +28,7 @@ pub enum Fault {
 }
 
 /// The fault a batch carries, with the state it needs.
+#[cfg(feature = "fault-injection")]
 pub(crate) struct Injected {
     fault: Option<Fault>,
     /// [`Fault::SharedRng`]'s generator.
@@ -33,6 +38,7 @@ pub(crate) struct Injected {
     ids: Vec<SeqId>,
 }
 
+#[cfg(feature = "fault-injection")]
 impl Injected {
     pub fn new(fault: Option<Fault>) -> Self {
         Self { fault, rng: StdRng::seed_from_u64(0), rows: Vec::new(), ids: Vec::new() }
@@ -73,5 +79,27 @@ impl Injected {
             Some(Fault::WrongRollBack) => (i + 1) % n,
             _ => i,
         }
+    }
+}
+
+/// Without the feature: no fault, no state, and hooks that compile to nothing.
+#[cfg(not(feature = "fault-injection"))]
+pub(crate) struct Injected;
+
+#[cfg(not(feature = "fault-injection"))]
+impl Injected {
+    pub fn new(_: Option<Fault>) -> Self {
+        Self
+    }
+
+    #[inline(always)]
+    pub fn swap_rng(&mut self, _: &mut StdRng) {}
+
+    #[inline(always)]
+    pub fn stale_q<T, D>(&mut self, _: &mut [Member<T, D>]) {}
+
+    #[inline(always)]
+    pub fn roll_back_slot(&self, i: usize, _: usize) -> usize {
+        i
     }
 }
