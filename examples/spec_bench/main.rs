@@ -163,6 +163,11 @@ fn main() -> Result<()> {
         stop.clear();
     }
     if let Some(sizes) = &args.batch {
+        let draft_files = match &args.batch_draft {
+            Some(path) => ModelFiles::resolve(path)?,
+            None => files.clone(),
+        };
+        let draft = draft_files.load(WeightFormat::Stored, &device)?.0;
         let plan = batch::Plan {
             sizes: parse_list(sizes)?,
             ks: if args.batch_ks.is_empty() { Vec::new() } else { parse_list(&args.batch_ks)? },
@@ -173,15 +178,9 @@ fn main() -> Result<()> {
             svg: args.batch_svg.clone(),
             json: args.json,
             temperature: args.batch_temperature,
-            title: String::new(),
+            title: format!("{} ({target_format}) drafted by {} (stored)", files.name(), draft_files.name()),
         };
-        let draft_files = match &args.batch_draft {
-            Some(path) => ModelFiles::resolve(path)?,
-            None => files.clone(),
-        };
-        let draft = draft_files.load(WeightFormat::Stored, &device)?.0;
-        let title = format!("{} ({target_format}) drafted by {} (stored)", files.name(), draft_files.name());
-        return batch::run(&target, &draft, &batch::Plan { title, ..plan });
+        return batch::run(&target, &draft, &plan);
     }
     if let Some(path) = &args.workload {
         return workload::run(&args, &files, &target, &tok, path);
