@@ -43,18 +43,19 @@ impl SeqControl {
 
     /// The k of the next round: the policy's (fixed, the grow/shrink running k), or under the
     /// adaptive policy the cost model's choice `best` unless the prober measures or probes,
-    /// within the longest block `max`. `probe_loss`: the tokens a k = 1 probe from plain
+    /// within the longest block `max`, at the acceptance `alpha` the cost model chose from
+    /// (see [`alpha`](Self::alpha)). `probe_loss`: the tokens a k = 1 probe from plain
     /// decoding loses in a batch (see [`CostModel::probe_loss`]); `None` for one sequence.
     pub fn next_k(
         &mut self,
         policy: KPolicy,
-        best: usize,
+        (best, alpha): (usize, f64),
         max: usize,
         costs: &CostModel,
         probe_loss: Option<f64>,
     ) -> usize {
         if let KPolicy::Adaptive { .. } = policy {
-            self.k = self.prober.next_k(best, max, costs, self.acceptance.alpha(), probe_loss);
+            self.k = self.prober.next_k(best, max, costs, alpha, probe_loss);
         }
         self.k
     }

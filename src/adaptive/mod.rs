@@ -167,7 +167,7 @@ impl KController {
         let limit = max.min(remaining.saturating_sub(1));
         self.candidate = Candidate { alpha: self.alpha(), limit, behind, remaining };
         let best = if measured(&self.costs) { self.costs.choose(&[self.candidate])[0] } else { 0 };
-        self.ctl.next_k(self.policy, best, max, &self.costs, None)
+        self.ctl.next_k(self.policy, (best, self.candidate.alpha), max, &self.costs, None)
     }
 
     /// The k the round will draft after the drafter's block length and the generation's end

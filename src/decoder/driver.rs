@@ -276,7 +276,8 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             // behind than the tokens left (a new prompt's tail before a short answer).
             let priced = candidates.len() > 1 || candidates.get(pos).is_some_and(|c| c.behind > c.remaining);
             let probe_loss = (b == 0 && priced).then(|| costs.probe_loss(&candidates, pos)).flatten();
-            let k = m.ctl.next_k(policy, b, longest, costs, probe_loss);
+            let alpha = candidates.get(pos).map_or(0.0, |c| c.alpha);
+            let k = m.ctl.next_k(policy, (b, alpha), longest, costs, probe_loss);
             // A probe whose draft must first catch up on more tokens than the sequence has left
             // to generate cannot pay that back: it is skipped.
             let k = if b == 0 && candidates.get(pos).is_some_and(|c| c.behind > c.remaining) { 0 } else { k };
