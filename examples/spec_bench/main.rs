@@ -80,10 +80,14 @@ pub struct Args {
     /// |Δlogit|, argmax agreement, 1-token and 5-token forward times), comma-separated.
     #[arg(long, default_value = "f32,stored,q8_0,q4_0,q4_1,q4k")]
     formats: String,
-    /// Also print T(m)/T(1), the cost of scoring m rows in one forward pass at context 100,
-    /// for m = 1..=128 (what trees and batches spend), then stop.
+    /// Print T(m)/T(1), the cost of scoring m rows in one forward pass at context 100, for
+    /// m = 1..=16 (what trees and batches spend), and prefill times up to 2048 rows, on the
+    /// stored weights; then stop.
     #[arg(long)]
     rows_curve: bool,
+    /// With --rows-curve: the row counts, comma-separated.
+    #[arg(long, default_value = "1,2,3,4,5,6,7,8,9,12,16,32,64,128,256,512,1024,2048")]
+    rows: String,
     /// Batch sizes, comma-separated (e.g. 1,2,4,8,16): measure batched plain decoding, fixed-k
     /// and adaptive speculation per batch size instead of the single-sequence tables.
     #[arg(long)]
@@ -155,6 +159,9 @@ fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/models-cache/SmolLM2-135M-Instruct.Q4_1.gguf").into());
     let files = ModelFiles::resolve(&target_spec)?;
+    if args.rows_curve {
+        return rows_curve(&files.load(WeightFormat::Stored, &device)?.0, &args.rows);
+    }
     let target_format: WeightFormat = args.target_format.parse()?;
     let (target, tok) = files.load(target_format, &device).with_context(|| format!("loading {target_spec}"))?;
     let (prompts, grammars) = load_prompts(&args, &tok)?;
@@ -184,9 +191,6 @@ fn main() -> Result<()> {
     }
     if let Some(path) = &args.workload {
         return workload::run(&args, &files, &target, &tok, path);
-    }
-    if args.rows_curve {
-        return rows_curve(&target, &files.load(WeightFormat::Stored, &device)?.0);
     }
     let v_f32 = verify_ratio(&target)?;
     let quant = files.load(WeightFormat::Stored, &device)?.0;
@@ -448,16 +452,40 @@ fn load_prompts(args: &Args, tok: &Tokenizer) -> Result<Prompts> {
     Ok((ids, grammars))
 }
 
-/// T(m) in milliseconds and T(m)/T(1) for the target (as loaded) and its stored weights.
-fn rows_curve(f32_weights: &Arc<LlamaWeights>, stored: &Arc<LlamaWeights>) -> Result<()> {
+/// The cost of many rows on the stored weights alone (no f32 copy is loaded): T(m), a forward
+/// of m new rows at context 100 with every row's logits (what verification and batches spend),
+/// and T(m)/T(1) for m up to 16; then prefill, a forward of m rows from an empty context with
+/// the last row's logits only (what a prompt costs), in ms and prompt tokens a second, for
+/// every m of `sizes` (comma-separated).
+fn rows_curve(stored: &Arc<LlamaWeights>, sizes: &str) -> Result<()> {
     println!("{}", specdec::cpu::kernels());
-    println!("{:>4} {:>10} {:>8} {:>12} {:>8}", "m", "target ms", "T(m)/T1", "stored ms", "T(m)/T1");
-    let (one_f, one_s) = (forward_ms(f32_weights, 1)?, forward_ms(stored, 1)?);
-    for m in [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128] {
-        let (f, q) = (forward_ms(f32_weights, m)?, forward_ms(stored, m)?);
-        println!("{m:>4} {f:>10.2} {:>8.2} {q:>12.2} {:>8.2}", f / one_f, q / one_s);
+    println!("{:>5} {:>10} {:>8} {:>12} {:>10}", "m", "T(m) ms", "T(m)/T1", "prefill ms", "prompt/s");
+    let one = forward_ms(stored, 1)?;
+    for m in parse_list::<usize>(sizes)? {
+        let verify = if m <= 16 { Some(forward_ms(stored, m)?) } else { None };
+        let prefill = prefill_ms(stored, m)?;
+        let (t, ratio) = verify.map_or(("".into(), "".into()), |t| (format!("{t:.2}"), format!("{:.2}", t / one)));
+        println!("{m:>5} {t:>10} {ratio:>8} {prefill:>12.1} {:>10.1}", m as f64 * 1000.0 / prefill);
     }
     Ok(())
+}
+
+/// Milliseconds of a prefill of `rows` tokens from an empty context (the last row's logits):
+/// the median of at least 3 runs after one unmeasured, more while under 3 seconds in all.
+fn prefill_ms(weights: &Arc<LlamaWeights>, rows: usize) -> Result<f64> {
+    let mut model = Llama::new(weights.clone())?;
+    let toks: Vec<u32> = (0..rows as u32).map(|i| 200 + i * 7919 % 20000).collect();
+    model.forward(&toks, 1)?;
+    model.truncate(0)?;
+    let (mut times, begun) = (Vec::new(), Instant::now());
+    while times.len() < 3 || (times.len() < 15 && begun.elapsed().as_secs_f64() < 3.0) {
+        let start = Instant::now();
+        model.forward(&toks, 1)?;
+        model.truncate(0)?;
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// T(5-token forward) / T(1-token forward) at context 100, all logits rows.

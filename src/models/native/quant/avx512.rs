@@ -8,7 +8,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{passes, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS};
+use super::{
+    group_count, groups, pass_blocks, passes, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS,
+};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Weight rows per tile (at most 4: the tile's sums are reduced four at a time): 2 × 4 codes,
@@ -46,26 +48,84 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
-        let mut c = cols.start;
-        while c < cols.end {
-            let tile = if cols.end - c >= TILE { TILE } else { 1 };
-            for (r, g) in passes(a.rows) {
-                match (g, tile) {
-                    (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, r, c, out),
-                    (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, r, c, out),
-                    (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, r, c, out),
-                    (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, r, c, out),
-                    (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, r, c, out),
-                    (_, TILE) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, r, c, out),
-                    (1, _) => tile_vnni::<1, 1, BITS>(a, w, r, c, out),
-                    (2, _) => tile_vnni::<2, 1, BITS>(a, w, r, c, out),
-                    (3, _) => tile_vnni::<3, 1, BITS>(a, w, r, c, out),
-                    (4, _) => tile_vnni::<4, 1, BITS>(a, w, r, c, out),
-                    (5, _) => tile_vnni::<5, 1, BITS>(a, w, r, c, out),
-                    _ => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, r, c, out),
+        let mut panel = Panel::default();
+        for (first, count) in pass_blocks(a.rows, w.padded) {
+            let mut c = cols.start;
+            while c < cols.end {
+                let tile = if cols.end - c >= TILE { TILE } else { 1 };
+                if count > 1 {
+                    // Several passes share the tile's rows: unpack them once.
+                    panel_passes::<BITS>(a, w, &mut panel, (first, count), (c, tile), out);
+                    c += tile;
+                    continue;
                 }
+                for (r, g) in passes(a.rows).skip(first).take(count) {
+                    match (g, tile) {
+                        (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, (r, c), out, None),
+                        (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, (r, c), out, None),
+                        (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, (r, c), out, None),
+                        (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, (r, c), out, None),
+                        (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, (r, c), out, None),
+                        (_, TILE) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, (r, c), out, None),
+                        (1, _) => tile_vnni::<1, 1, BITS>(a, w, (r, c), out, None),
+                        (2, _) => tile_vnni::<2, 1, BITS>(a, w, (r, c), out, None),
+                        (3, _) => tile_vnni::<3, 1, BITS>(a, w, (r, c), out, None),
+                        (4, _) => tile_vnni::<4, 1, BITS>(a, w, (r, c), out, None),
+                        (5, _) => tile_vnni::<5, 1, BITS>(a, w, (r, c), out, None),
+                        _ => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, (r, c), out, None),
+                    }
+                }
+                c += tile;
             }
-            c += tile;
+        }
+    }
+}
+
+/// The passes `(first, count)` over the weight rows `(c0, tile)`, unpacked once into `panel`
+/// by the first.
+///
+/// # Safety
+/// As [`tiles`], with `c0 + tile` within its columns and `tile` 1 or `TILE`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn panel_passes<const BITS: u8>(
+    a: &QActs,
+    w: &QMatrix,
+    panel: &mut Panel,
+    (first, count): (usize, usize),
+    (c, tile): (usize, usize),
+    out: OutPtr,
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        for (p, (r, g)) in passes(a.rows).skip(first).take(count).enumerate() {
+            let keep = (p == 0).then_some(&mut *panel);
+            match (g, tile, keep) {
+                (1, TILE, Some(k)) => tile_vnni::<1, TILE, BITS>(a, w, (r, c), out, Some(k)),
+                (2, TILE, Some(k)) => tile_vnni::<2, TILE, BITS>(a, w, (r, c), out, Some(k)),
+                (3, TILE, Some(k)) => tile_vnni::<3, TILE, BITS>(a, w, (r, c), out, Some(k)),
+                (4, TILE, Some(k)) => tile_vnni::<4, TILE, BITS>(a, w, (r, c), out, Some(k)),
+                (5, TILE, Some(k)) => tile_vnni::<5, TILE, BITS>(a, w, (r, c), out, Some(k)),
+                (_, TILE, Some(k)) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, (r, c), out, Some(k)),
+                (1, _, Some(k)) => tile_vnni::<1, 1, BITS>(a, w, (r, c), out, Some(k)),
+                (2, _, Some(k)) => tile_vnni::<2, 1, BITS>(a, w, (r, c), out, Some(k)),
+                (3, _, Some(k)) => tile_vnni::<3, 1, BITS>(a, w, (r, c), out, Some(k)),
+                (4, _, Some(k)) => tile_vnni::<4, 1, BITS>(a, w, (r, c), out, Some(k)),
+                (5, _, Some(k)) => tile_vnni::<5, 1, BITS>(a, w, (r, c), out, Some(k)),
+                (_, _, Some(k)) => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, (r, c), out, Some(k)),
+                (1, TILE, None) => tile_panel::<1, TILE>(a, w, panel, r, c, out),
+                (2, TILE, None) => tile_panel::<2, TILE>(a, w, panel, r, c, out),
+                (3, TILE, None) => tile_panel::<3, TILE>(a, w, panel, r, c, out),
+                (4, TILE, None) => tile_panel::<4, TILE>(a, w, panel, r, c, out),
+                (5, TILE, None) => tile_panel::<5, TILE>(a, w, panel, r, c, out),
+                (_, TILE, None) => tile_panel::<PASS_ROWS, TILE>(a, w, panel, r, c, out),
+                (1, _, None) => tile_panel::<1, 1>(a, w, panel, r, c, out),
+                (2, _, None) => tile_panel::<2, 1>(a, w, panel, r, c, out),
+                (3, _, None) => tile_panel::<3, 1>(a, w, panel, r, c, out),
+                (4, _, None) => tile_panel::<4, 1>(a, w, panel, r, c, out),
+                (5, _, None) => tile_panel::<5, 1>(a, w, panel, r, c, out),
+                (_, _, None) => tile_panel::<PASS_ROWS, 1>(a, w, panel, r, c, out),
+            }
         }
     }
 }
@@ -224,21 +284,17 @@ unsafe fn per_block<const C: usize>(p: *const u16) -> __m512 {
     }
 }
 
-/// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
-/// activation rows into `acc`. The R rows' codes are unpacked once and held for the M rows;
-/// each product sums its C chunks in one i32 register and is scaled once.
+/// One lane group of R weight rows, unpacked: per row its `C` chunks' codes in lane order, and
+/// its scales and offsets one per lane.
+type Unpacked<const R: usize, const C: usize> = ([[__m512i; C]; R], [__m512; R], [__m512; R]);
+
+/// Unpacks the group of `C` chunks from `start` (group number `g`) of R weight rows, and
+/// prefetches what the same group of the rows `AHEAD` on needs.
 ///
 /// # Safety
-/// AVX-512 F, BW and VNNI (inlined into a caller that has them); the group lies within the
-/// rows.
+/// AVX-512 F and BW (inlined into a caller that has them); the group lies within the rows.
 #[inline(always)]
-unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
-    acc: &mut [[__m512; R]; M],
-    w: Weights,
-    x: Acts,
-    start: usize,
-    g: usize,
-) {
+unsafe fn unpack<const R: usize, const BITS: u8, const C: usize>(w: Weights, start: usize, g: usize) -> Unpacked<R, C> {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
@@ -256,6 +312,27 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
             q[i] = codes::<BITS, C>(w, i, start);
             (scale[i], offset[i]) = scales::<C>(w, i, start);
         }
+        (q, scale, offset)
+    }
+}
+
+/// Adds the group of `C` chunks from `start` (group number `g`) of R unpacked weight rows times
+/// M activation rows into `acc`: each product sums its C chunks in one i32 register and is
+/// scaled once.
+///
+/// # Safety
+/// AVX-512 F and VNNI (inlined into a caller that has them); the group lies within the rows.
+#[inline(always)]
+unsafe fn dots<const M: usize, const R: usize, const C: usize>(
+    acc: &mut [[__m512; R]; M],
+    (q, scale, offset): &Unpacked<R, C>,
+    x: Acts,
+    start: usize,
+    g: usize,
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
         let (xg, (dxg, sxg)) = (x.codes(start), x.lanes(g));
         for r in 0..M {
             let xq = xg.add(r * C * CHUNK);
@@ -276,7 +353,35 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
     }
 }
 
-/// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`.
+/// Adds the group of `C` chunks from `start` (group number `g`) of R weight rows times M
+/// activation rows into `acc`, the R rows' codes unpacked once for the M rows, and kept in
+/// `keep` for the passes after this one.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI (inlined into a caller that has them); the group lies within the
+/// rows; `keep` was prepared for R rows of this width.
+#[inline(always)]
+unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
+    acc: &mut [[__m512; R]; M],
+    w: Weights,
+    x: Acts,
+    (start, g): (usize, usize),
+    keep: &mut Option<&mut Panel>,
+) {
+    // SAFETY: as this function's contract.
+    unsafe {
+        let unpacked = unpack::<R, BITS, C>(w, start, g);
+        if let Some(panel) = keep {
+            put(panel.slots(R, g), unpacked);
+        }
+        dots::<M, R, C>(acc, &unpacked, x, start, g)
+    }
+}
+
+/// `out[r][c] = x_r · w_c` for M activation rows from `r0` and R weight rows from `c0`; with
+/// `keep`, the weight rows' unpacked codes and scales are kept there for [`tile_panel`]. (The
+/// first pass of a block unpacks while the weights stream in, as a lone pass does; the
+/// passes after it read the panel.)
 ///
 /// # Safety
 /// As `qmatmul_vnni`, with `r0 + M <= a.rows` and `c0 + R` within the caller's columns.
@@ -285,30 +390,46 @@ unsafe fn group<const M: usize, const R: usize, const BITS: u8, const C: usize>(
 unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
     a: &QActs,
     w: &QMatrix,
-    r0: usize,
-    c0: usize,
+    (r0, c0): (usize, usize),
     out: OutPtr,
+    mut keep: Option<&mut Panel>,
 ) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         let chunks = w.padded / CHUNK;
+        if let Some(panel) = &mut keep {
+            panel.prepare(R, chunks);
+        }
         let (wts, x) = (Weights::new(w, c0), Acts::new(a, r0, M));
         let mut acc = [[_mm512_setzero_ps(); R]; M];
-        let full = chunks / GROUP;
-        for g in 0..full {
-            group::<M, R, BITS, GROUP>(&mut acc, wts, x, g * GROUP, g);
-        }
-        let at = full * GROUP;
-        match chunks - at {
-            0 => {}
-            1 => group::<M, R, BITS, 1>(&mut acc, wts, x, at, full),
-            2 => group::<M, R, BITS, 2>(&mut acc, wts, x, at, full),
-            _ => {
-                group::<M, R, BITS, 2>(&mut acc, wts, x, at, full);
-                group::<M, R, BITS, 1>(&mut acc, wts, x, at + 2, full + 1);
+        for (g, (start, n)) in groups(chunks).enumerate() {
+            match n {
+                GROUP => group::<M, R, BITS, GROUP>(&mut acc, wts, x, (start, g), &mut keep),
+                2 => group::<M, R, BITS, 2>(&mut acc, wts, x, (start, g), &mut keep),
+                _ => group::<M, R, BITS, 1>(&mut acc, wts, x, (start, g), &mut keep),
             }
         }
+        store(&acc, r0, c0, w.rows, out);
+    }
+}
+
+/// Writes a tile's sums `acc` (M activation rows from `r0`, R weight rows from `c0`) into
+/// `out`, a matrix `columns` wide.
+///
+/// # Safety
+/// AVX-512 F (inlined into a caller that has it); the caller owns those entries of `out`.
+#[inline(always)]
+unsafe fn store<const M: usize, const R: usize>(
+    acc: &[[__m512; R]; M],
+    r0: usize,
+    c0: usize,
+    columns: usize,
+    out: OutPtr,
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
         for r in 0..M {
             // Every tile width sums a product in the same order, so a column's value does not
             // depend on the tile it falls in.
@@ -316,9 +437,98 @@ unsafe fn tile_vnni<const M: usize, const R: usize, const BITS: u8>(
             let mut sums = [0f32; 4];
             _mm_storeu_ps(sums.as_mut_ptr(), reduce4(v(0), v(1), v(2), v(3)));
             for (i, &s) in sums.iter().enumerate().take(R) {
-                out.write((r0 + r) * w.rows + c0 + i, s);
+                out.write((r0 + r) * columns + c0 + i, s);
             }
         }
+    }
+}
+
+/// Vectors per group and weight row in a [`Panel`]: 4 chunks of codes, the scales, the
+/// offsets.
+const SLOTS: usize = GROUP + 2;
+
+/// A tile's weight rows unpacked once for all the passes of a block (a prompt's rows): per
+/// lane group, per row, [`SLOTS`] vectors. The passes then read codes and scales ready to use
+/// instead of unpacking them again each (the same values, so the same sums, bit for bit).
+#[derive(Default)]
+struct Panel(Vec<__m512i>);
+
+impl Panel {
+    /// Makes room for R weight rows of `chunks` chunks.
+    fn prepare(&mut self, rows: usize, chunks: usize) {
+        // SAFETY: an all-zero vector is a valid `__m512i`.
+        self.0.resize(group_count(chunks) * rows * SLOTS, unsafe { std::mem::zeroed() });
+    }
+
+    /// The slots of group `g` of a panel of `rows` weight rows.
+    fn slots(&mut self, rows: usize, g: usize) -> &mut [__m512i] {
+        &mut self.0[g * rows * SLOTS..][..rows * SLOTS]
+    }
+
+    /// The group `g` of `C` chunks, as [`unpack`] gave it.
+    ///
+    /// # Safety
+    /// AVX-512 F; the panel was filled with R rows and has group `g`.
+    #[inline(always)]
+    unsafe fn get<const R: usize, const C: usize>(&self, g: usize) -> Unpacked<R, C> {
+        // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+        // target features it is compiled for); the operations below rely on nothing else.
+        unsafe {
+            let slots = &self.0[g * R * SLOTS..][..R * SLOTS];
+            let mut q = [[_mm512_setzero_si512(); C]; R];
+            let (mut scale, mut offset) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+            for i in 0..R {
+                for c in 0..C {
+                    q[i][c] = slots[i * SLOTS + c];
+                }
+                scale[i] = _mm512_castsi512_ps(slots[i * SLOTS + GROUP]);
+                offset[i] = _mm512_castsi512_ps(slots[i * SLOTS + GROUP + 1]);
+            }
+            (q, scale, offset)
+        }
+    }
+}
+
+/// Stores one unpacked group into its panel slots.
+#[inline(always)]
+fn put<const R: usize, const C: usize>(slots: &mut [__m512i], (q, scale, offset): Unpacked<R, C>) {
+    for i in 0..R {
+        slots[i * SLOTS..][..C].copy_from_slice(&q[i]);
+        // SAFETY: a bit cast between vectors of the same size.
+        (slots[i * SLOTS + GROUP], slots[i * SLOTS + GROUP + 1]) = unsafe {
+            (std::mem::transmute::<__m512, __m512i>(scale[i]), std::mem::transmute::<__m512, __m512i>(offset[i]))
+        };
+    }
+}
+
+/// [`tile_vnni`] with the R weight rows from `c0` read from `panel`: the same sums in the same
+/// order.
+///
+/// # Safety
+/// As `tile_vnni`, with `panel` filled from those rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn tile_panel<const M: usize, const R: usize>(
+    a: &QActs,
+    w: &QMatrix,
+    panel: &Panel,
+    r0: usize,
+    c0: usize,
+    out: OutPtr,
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
+    // target features it is compiled for); the operations below rely on nothing else.
+    unsafe {
+        let x = Acts::new(a, r0, M);
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        for (g, (start, n)) in groups(w.padded / CHUNK).enumerate() {
+            match n {
+                GROUP => dots::<M, R, GROUP>(&mut acc, &panel.get::<R, GROUP>(g), x, start, g),
+                2 => dots::<M, R, 2>(&mut acc, &panel.get::<R, 2>(g), x, start, g),
+                _ => dots::<M, R, 1>(&mut acc, &panel.get::<R, 1>(g), x, start, g),
+            }
+        }
+        store(&acc, r0, c0, w.rows, out);
     }
 }
 

@@ -236,7 +236,8 @@ mod tests {
     /// Batch invariance: a row's product is bit for bit the same alone or among M rows, at
     /// every M from 1 to 16, for every type and kernel (each row is summed in the same order
     /// whatever the tile it lands in), so verifying k + 1 rows scores each like a plain step.
-    /// Long rows too (18 lane groups and a tail), which many activation rows take in K spans.
+    /// Long rows too (18 lane groups and a tail), which many activation rows take in K spans,
+    /// and, for those, 100 rows: more than one block of passes (`pass_blocks`).
     #[test]
     fn each_row_is_bit_identical_alone_or_among_m_rows() {
         let kernels = variants();
@@ -249,16 +250,18 @@ mod tests {
             };
             let n = 9;
             let (w, _) = repack(dtype, n, k);
-            let x = data(16 * k, 5);
+            let most = if long { 100 } else { 16 };
+            assert!(!long || super::super::pass_blocks(most, k).count() > 1, "100 rows span blocks");
+            let x = data(most * k, 5);
             for (name, kernel) in &kernels {
-                let alone: Vec<Vec<f32>> = (0..16)
+                let alone: Vec<Vec<f32>> = (0..most)
                     .map(|r| {
                         let mut acts = QActs::default();
                         acts.quantize(&x[r * k..(r + 1) * k], 1, k).expect("quantize");
                         run(*kernel, &acts, &w)
                     })
                     .collect();
-                for m in 1..=16 {
+                for m in (1..=16).chain((long).then_some(most)) {
                     let mut acts = QActs::default();
                     acts.quantize(&x[..m * k], m, k).expect("quantize");
                     let together = run(*kernel, &acts, &w);

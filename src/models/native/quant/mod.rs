@@ -90,6 +90,22 @@ fn passes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
+/// Bytes of quantized activations (codes, and their per-lane scales and sums) that one block of
+/// passes may hold: the kernels take every weight row of their columns over one block of
+/// activation rows before the next, so that a block stays in L2 while the weights stream by,
+/// instead of streaming all the rows (megabytes for a prompt) again for each weight row.
+const BLOCK_BYTES: usize = 512 * 1024;
+
+/// The [`passes`] over `rows` activation rows of `padded` values, in blocks of at most
+/// [`BLOCK_BYTES`]: (the first pass's index, passes) for `Iterator::skip` and `take`. A row's
+/// sum does not depend on the block it falls in.
+fn pass_blocks(rows: usize, padded: usize) -> impl Iterator<Item = (usize, usize)> {
+    // Per row: a byte of code and 8 bytes of lane scale and sum per 16 values.
+    let per = (BLOCK_BYTES / (PASS_ROWS * (padded + padded / 2))).max(1);
+    let count = rows.div_ceil(PASS_ROWS);
+    (0..count).step_by(per).map(move |b| (b, per.min(count - b)))
+}
+
 /// The pass (first row, rows) of [`passes`]`(rows)` that holds row `r`.
 fn pass_of(rows: usize, r: usize) -> (usize, usize) {
     passes(rows).find(|&(r0, n)| r < r0 + n).unwrap_or((r, 1))
