@@ -1,6 +1,7 @@
 //! The serving scheduler on toy models: every request gets what plain decoding with its
 //! settings gives, whatever else runs beside it; a request that panics or errs fails alone
-//! and the server goes on, and so does one whose callback panics; a full queue is a typed `Busy`; a dropped stream frees its slot.
+//! and the server goes on, and so does one whose callback panics; a full queue is a typed
+//! `Busy`; a dropped stream frees its slot.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

@@ -53,26 +53,21 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
             let mut c = cols.start;
             while c < cols.end {
                 let tile = if cols.end - c >= TILE { TILE } else { 1 };
-                if count > 1 {
-                    // Several passes share the tile's rows: unpack them once.
-                    panel_passes::<BITS>(a, w, &mut panel, (first, count), (c, tile), out);
-                    c += tile;
-                    continue;
-                }
-                for (r, g) in passes(a.rows).skip(first).take(count) {
+                for (p, (r, g)) in passes(a.rows).skip(first).take(count).enumerate() {
+                    let at = ((r, c), (p, count));
                     match (g, tile) {
-                        (1, TILE) => tile_vnni::<1, TILE, BITS>(a, w, (r, c), out, None),
-                        (2, TILE) => tile_vnni::<2, TILE, BITS>(a, w, (r, c), out, None),
-                        (3, TILE) => tile_vnni::<3, TILE, BITS>(a, w, (r, c), out, None),
-                        (4, TILE) => tile_vnni::<4, TILE, BITS>(a, w, (r, c), out, None),
-                        (5, TILE) => tile_vnni::<5, TILE, BITS>(a, w, (r, c), out, None),
-                        (_, TILE) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, (r, c), out, None),
-                        (1, _) => tile_vnni::<1, 1, BITS>(a, w, (r, c), out, None),
-                        (2, _) => tile_vnni::<2, 1, BITS>(a, w, (r, c), out, None),
-                        (3, _) => tile_vnni::<3, 1, BITS>(a, w, (r, c), out, None),
-                        (4, _) => tile_vnni::<4, 1, BITS>(a, w, (r, c), out, None),
-                        (5, _) => tile_vnni::<5, 1, BITS>(a, w, (r, c), out, None),
-                        _ => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, (r, c), out, None),
+                        (1, TILE) => pass::<1, TILE, BITS>(a, w, at, out, &mut panel),
+                        (2, TILE) => pass::<2, TILE, BITS>(a, w, at, out, &mut panel),
+                        (3, TILE) => pass::<3, TILE, BITS>(a, w, at, out, &mut panel),
+                        (4, TILE) => pass::<4, TILE, BITS>(a, w, at, out, &mut panel),
+                        (5, TILE) => pass::<5, TILE, BITS>(a, w, at, out, &mut panel),
+                        (_, TILE) => pass::<PASS_ROWS, TILE, BITS>(a, w, at, out, &mut panel),
+                        (1, _) => pass::<1, 1, BITS>(a, w, at, out, &mut panel),
+                        (2, _) => pass::<2, 1, BITS>(a, w, at, out, &mut panel),
+                        (3, _) => pass::<3, 1, BITS>(a, w, at, out, &mut panel),
+                        (4, _) => pass::<4, 1, BITS>(a, w, at, out, &mut panel),
+                        (5, _) => pass::<5, 1, BITS>(a, w, at, out, &mut panel),
+                        _ => pass::<PASS_ROWS, 1, BITS>(a, w, at, out, &mut panel),
                     }
                 }
                 c += tile;
@@ -81,51 +76,26 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
     }
 }
 
-/// The passes `(first, count)` over the weight rows `(c0, tile)`, unpacked once into `panel`
-/// by the first.
+/// Pass `p` of the `count` of a block, M activation rows from `r0` over the R weight rows from
+/// `c0`: the first unpacks the weight rows (keeping them in `panel` when more passes follow),
+/// the others read them from `panel`.
 ///
 /// # Safety
-/// As [`tiles`], with `c0 + tile` within its columns and `tile` 1 or `TILE`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn panel_passes<const BITS: u8>(
+/// As [`tiles`], with `r0 + M <= a.rows` and `c0 + R` within its columns.
+#[inline(always)]
+unsafe fn pass<const M: usize, const R: usize, const BITS: u8>(
     a: &QActs,
     w: &QMatrix,
-    panel: &mut Panel,
-    (first, count): (usize, usize),
-    (c, tile): (usize, usize),
+    ((r0, c0), (p, count)): ((usize, usize), (usize, usize)),
     out: OutPtr,
+    panel: &mut Panel,
 ) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
-    // target features it is compiled for); the operations below rely on nothing else.
+    // SAFETY: as this function's contract.
     unsafe {
-        for (p, (r, g)) in passes(a.rows).skip(first).take(count).enumerate() {
-            let keep = (p == 0).then_some(&mut *panel);
-            match (g, tile, keep) {
-                (1, TILE, Some(k)) => tile_vnni::<1, TILE, BITS>(a, w, (r, c), out, Some(k)),
-                (2, TILE, Some(k)) => tile_vnni::<2, TILE, BITS>(a, w, (r, c), out, Some(k)),
-                (3, TILE, Some(k)) => tile_vnni::<3, TILE, BITS>(a, w, (r, c), out, Some(k)),
-                (4, TILE, Some(k)) => tile_vnni::<4, TILE, BITS>(a, w, (r, c), out, Some(k)),
-                (5, TILE, Some(k)) => tile_vnni::<5, TILE, BITS>(a, w, (r, c), out, Some(k)),
-                (_, TILE, Some(k)) => tile_vnni::<PASS_ROWS, TILE, BITS>(a, w, (r, c), out, Some(k)),
-                (1, _, Some(k)) => tile_vnni::<1, 1, BITS>(a, w, (r, c), out, Some(k)),
-                (2, _, Some(k)) => tile_vnni::<2, 1, BITS>(a, w, (r, c), out, Some(k)),
-                (3, _, Some(k)) => tile_vnni::<3, 1, BITS>(a, w, (r, c), out, Some(k)),
-                (4, _, Some(k)) => tile_vnni::<4, 1, BITS>(a, w, (r, c), out, Some(k)),
-                (5, _, Some(k)) => tile_vnni::<5, 1, BITS>(a, w, (r, c), out, Some(k)),
-                (_, _, Some(k)) => tile_vnni::<PASS_ROWS, 1, BITS>(a, w, (r, c), out, Some(k)),
-                (1, TILE, None) => tile_panel::<1, TILE>(a, w, panel, r, c, out),
-                (2, TILE, None) => tile_panel::<2, TILE>(a, w, panel, r, c, out),
-                (3, TILE, None) => tile_panel::<3, TILE>(a, w, panel, r, c, out),
-                (4, TILE, None) => tile_panel::<4, TILE>(a, w, panel, r, c, out),
-                (5, TILE, None) => tile_panel::<5, TILE>(a, w, panel, r, c, out),
-                (_, TILE, None) => tile_panel::<PASS_ROWS, TILE>(a, w, panel, r, c, out),
-                (1, _, None) => tile_panel::<1, 1>(a, w, panel, r, c, out),
-                (2, _, None) => tile_panel::<2, 1>(a, w, panel, r, c, out),
-                (3, _, None) => tile_panel::<3, 1>(a, w, panel, r, c, out),
-                (4, _, None) => tile_panel::<4, 1>(a, w, panel, r, c, out),
-                (5, _, None) => tile_panel::<5, 1>(a, w, panel, r, c, out),
-                (_, _, None) => tile_panel::<PASS_ROWS, 1>(a, w, panel, r, c, out),
-            }
+        if p == 0 {
+            tile_vnni::<M, R, BITS>(a, w, (r0, c0), out, (count > 1).then_some(panel));
+        } else {
+            tile_panel::<M, R>(a, w, panel, (r0, c0), out);
         }
     }
 }
@@ -512,8 +482,7 @@ unsafe fn tile_panel<const M: usize, const R: usize>(
     a: &QActs,
     w: &QMatrix,
     panel: &Panel,
-    r0: usize,
-    c0: usize,
+    (r0, c0): (usize, usize),
     out: OutPtr,
 ) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section, or the
