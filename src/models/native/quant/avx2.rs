@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{pass_blocks, passes, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS};
+use super::{pass_at, pass_blocks, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS};
 use crate::models::native::out_ptr::OutPtr;
 
 /// Activation rows up to which a pass prefetches a row's scales and high bits as well as its
@@ -86,9 +86,9 @@ unsafe fn drive<const VNNI: bool, const BITS: u8>(a: &QActs, w: &QMatrix, out: O
         // rows as the registers hold (tiles of two weight rows were slower for one and two
         // activation rows; docs/perf/kernels.md).
         // The activation rows in blocks that stay in L2 (see `pass_blocks`).
-        for (first, count) in pass_blocks(a.rows, w.padded) {
+        for block in pass_blocks(a.rows, w.padded) {
             for c in cols.clone() {
-                for (r, g) in passes(a.rows).skip(first).take(count) {
+                for (r, g) in block.clone().map(|p| pass_at(a.rows, p)) {
                     match g {
                         1 => row_256::<1, VNNI, BITS>(a, w, r, c, &out),
                         2 => row_256::<2, VNNI, BITS>(a, w, r, c, &out),

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{
-    group_count, groups, pass_blocks, passes, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS,
+    group_count, groups, pass_at, pass_blocks, Acts, Bits, QActs, QMatrix, Scales, Weights, CHUNK, GROUP, PASS_ROWS,
 };
 use crate::models::native::out_ptr::OutPtr;
 
@@ -49,12 +49,13 @@ unsafe fn tiles<const BITS: u8>(a: &QActs, w: &QMatrix, out: OutPtr, cols: Range
     // target features it is compiled for); the operations below rely on nothing else.
     unsafe {
         let mut panel = Panel::default();
-        for (first, count) in pass_blocks(a.rows, w.padded) {
+        for block in pass_blocks(a.rows, w.padded) {
             let mut c = cols.start;
             while c < cols.end {
                 let tile = if cols.end - c >= TILE { TILE } else { 1 };
-                for (p, (r, g)) in passes(a.rows).skip(first).take(count).enumerate() {
-                    let at = ((r, c), (p, count));
+                for p in block.clone() {
+                    let (r, g) = pass_at(a.rows, p);
+                    let at = ((r, c), (p - block.start, block.len()));
                     match (g, tile) {
                         (1, TILE) => pass::<1, TILE, BITS>(a, w, at, out, &mut panel),
                         (2, TILE) => pass::<2, TILE, BITS>(a, w, at, out, &mut panel),

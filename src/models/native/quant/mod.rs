@@ -25,6 +25,8 @@
 //! 6-bit codes keep their low 4 bits the same way and their high bits in a second plane (see
 //! [`Bits`]), or'd in above the nibble after unpacking.
 
+use std::ops::Range;
+
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
@@ -82,12 +84,15 @@ const PASS_ROWS: usize = 6;
 /// row, rows): as few as [`PASS_ROWS`] allows, of even sizes (9 rows as 5 + 4: a small last
 /// pass pays the unpacking for little work). [`QActs`] stores its rows by these passes.
 fn passes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rows.div_ceil(PASS_ROWS)).map(move |p| pass_at(rows, p))
+}
+
+/// Pass `p` of [`passes`]`(rows)`: of `count` passes, the first `rows % count` hold one row
+/// more than the others.
+fn pass_at(rows: usize, p: usize) -> (usize, usize) {
     let count = rows.div_ceil(PASS_ROWS);
-    (0..count).scan(0, move |r, p| {
-        let n = (rows - *r).div_ceil(count - p);
-        *r += n;
-        Some((*r - n, n))
-    })
+    let (each, more) = (rows / count, rows % count);
+    (p * each + p.min(more), each + usize::from(p < more))
 }
 
 /// Bytes of quantized activations (codes, and their per-lane scales and sums) that one block of
@@ -96,14 +101,14 @@ fn passes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
 /// instead of streaming all the rows (megabytes for a prompt) again for each weight row.
 const BLOCK_BYTES: usize = 512 * 1024;
 
-/// The [`passes`] over `rows` activation rows of `padded` values, in blocks of at most
-/// [`BLOCK_BYTES`]: (the first pass's index, passes) for `Iterator::skip` and `take`. A row's
-/// sum does not depend on the block it falls in.
-fn pass_blocks(rows: usize, padded: usize) -> impl Iterator<Item = (usize, usize)> {
+/// The [`passes`] over `rows` activation rows of `padded` values in blocks of at most
+/// [`BLOCK_BYTES`], as ranges of pass numbers (see [`pass_at`]). A row's sum does not depend on
+/// the block it falls in.
+fn pass_blocks(rows: usize, padded: usize) -> impl Iterator<Item = Range<usize>> {
     // Per row: a byte of code and 8 bytes of lane scale and sum per 16 values.
     let per = (BLOCK_BYTES / (PASS_ROWS * (padded + padded / 2))).max(1);
     let count = rows.div_ceil(PASS_ROWS);
-    (0..count).step_by(per).map(move |b| (b, per.min(count - b)))
+    (0..count).step_by(per).map(move |b| b..count.min(b + per))
 }
 
 /// The pass (first row, rows) of [`passes`]`(rows)` that holds row `r`.
@@ -888,6 +893,26 @@ mod tests {
     /// K-quants need rows of whole 256-value super-blocks.
     pub(super) fn k_quant(dtype: GgmlDType) -> bool {
         matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
+    }
+
+    #[test]
+    fn passes_cover_the_rows_evenly_and_blocks_cover_the_passes() {
+        for rows in 1..=400 {
+            let all: Vec<(usize, usize)> = passes(rows).collect();
+            assert_eq!(all.len(), rows.div_ceil(PASS_ROWS), "{rows} rows");
+            let mut next = 0;
+            for &(r0, n) in &all {
+                assert!(r0 == next && (1..=PASS_ROWS).contains(&n), "{rows} rows: {all:?}");
+                assert!(all[0].1 - n <= 1, "{rows} rows: uneven {all:?}");
+                next += n;
+            }
+            assert_eq!(next, rows);
+            for padded in [64, 1536, 8960] {
+                let blocks: Vec<Range<usize>> = pass_blocks(rows, padded).collect();
+                let covered: Vec<usize> = blocks.iter().flat_map(|b| b.clone()).collect();
+                assert_eq!(covered, (0..all.len()).collect::<Vec<_>>(), "{rows} rows of {padded}: {blocks:?}");
+            }
+        }
     }
 
     #[test]
