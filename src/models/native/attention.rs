@@ -35,72 +35,103 @@ pub fn load_key(blocks: &[f32], hd: usize, pos: usize) -> Vec<f32> {
     (0..hd).map(|d| blocks[block * hd * BLOCK + d * BLOCK + lane]).collect()
 }
 
+/// The most query heads one call of [`heads`] takes (the weighted sums' running totals of
+/// that many heads stay on the stack).
+pub const MAX_HEADS: usize = 8;
+
+/// Positions of values per span of [`weighted_sums`]: 32 positions of one key/value head
+/// (16 KiB at a head width of 128) stay in L1 while each head of the call adds them up.
+const SPAN: usize = 32;
+
 multiversion! {
-    /// Attention for query head `h` of a new row that sees positions `first..visible`:
-    /// softmax of `q · k_t / sqrt(hd)`, times the values. `keys` are the blocks of this head's
-    /// key/value head (see [`store_key`]); `scores` is scratch space. A non-empty `sees` masks
-    /// the last `sees.len()` of those positions (a tree's tokens: only ancestors are seen);
-    /// `first` > 0 is a sliding window's start.
-    pub fn head(s: Shape, q: &[f32], keys: &[f32], values: &[f32], first: usize, visible: usize, sees: &[bool], h: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    /// Attention for the query heads `h0..h0 + n` of a new row, which share one key/value head
+    /// (`n = q.len() / head_dim` ≤ [`MAX_HEADS`]; their queries side by side in `q`, their
+    /// outputs in `out`), seeing positions `first..visible`: per head, softmax of
+    /// `q · k_t / sqrt(hd)`, times the values. `keys` are the blocks of the key/value head (see
+    /// [`store_key`]); `scores` is scratch space. A non-empty `sees` masks the last
+    /// `sees.len()` of those positions (a tree's tokens: only ancestors are seen); `first` > 0
+    /// is a sliding window's start.
+    ///
+    /// The heads share the reading of the keys and values (each block of keys and span of
+    /// values is read from memory once and from L1 by the other heads: at a context of a few
+    /// thousand positions, reading them once per head was most of a decoding step), and each
+    /// head's arithmetic is the same, in the same order, whatever `n`: a head's output does
+    /// not depend on the heads it was computed with.
+    pub fn heads(s: Shape, q: &[f32], keys: &[f32], values: &[f32], first: usize, visible: usize, sees: &[bool], h0: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
         let hd = s.head_dim;
-        let kvh = h / (s.heads / s.kv_heads);
+        let n = q.len() / hd;
+        assert!(n <= MAX_HEADS && out.len() >= n * hd, "attention heads: {n} of {hd}");
+        let kvh = h0 / (s.heads / s.kv_heads);
         let stride = s.kv_heads * hd;
         let scale = 1.0 / (hd as f32).sqrt();
         let blocks = visible.div_ceil(BLOCK);
+        // Each head's scores, `width` apart.
+        let width = blocks * BLOCK;
         scores.clear();
+        scores.resize(n * width, 0.0);
         let whole = hd / CHAINS * CHAINS;
         for b in 0..blocks {
             let block = &keys[b * hd * BLOCK..(b + 1) * hd * BLOCK];
-            // `CHAINS` sums over the components (d mod 4) that do not wait on each other's
-            // multiply-adds (one chain of hd of them was a third of a 5-row pass of SmolLM2's
-            // attention, each waiting on the last), added up at the end.
-            let mut acc = [[0f32; BLOCK]; CHAINS];
-            for (c, qc) in q[..whole].chunks_exact(CHAINS).enumerate() {
-                for (j, (a, &qd)) in acc.iter_mut().zip(qc).enumerate() {
-                    let k = &block[(c * CHAINS + j) * BLOCK..][..BLOCK];
-                    for l in 0..BLOCK {
-                        a[l] = qd.mul_add(k[l], a[l]);
+            for (g, q) in q.chunks_exact(hd).enumerate() {
+                // `CHAINS` sums over the components (d mod 4) that do not wait on each other's
+                // multiply-adds (one chain of hd of them was a third of a 5-row pass of
+                // SmolLM2's attention, each waiting on the last), added up at the end.
+                let mut acc = [[0f32; BLOCK]; CHAINS];
+                for (c, qc) in q[..whole].chunks_exact(CHAINS).enumerate() {
+                    for (j, (a, &qd)) in acc.iter_mut().zip(qc).enumerate() {
+                        let k = &block[(c * CHAINS + j) * BLOCK..][..BLOCK];
+                        for l in 0..BLOCK {
+                            a[l] = qd.mul_add(k[l], a[l]);
+                        }
                     }
                 }
-            }
-            for (d, &qd) in q.iter().enumerate().skip(whole) {
-                let k = &block[d * BLOCK..(d + 1) * BLOCK];
-                for l in 0..BLOCK {
-                    acc[0][l] = qd.mul_add(k[l], acc[0][l]);
+                for (d, &qd) in q.iter().enumerate().skip(whole) {
+                    let k = &block[d * BLOCK..(d + 1) * BLOCK];
+                    for l in 0..BLOCK {
+                        acc[0][l] = qd.mul_add(k[l], acc[0][l]);
+                    }
+                }
+                for (l, sc) in scores[g * width + b * BLOCK..][..BLOCK].iter_mut().enumerate() {
+                    *sc = ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) * scale;
                 }
             }
-            scores.extend((0..BLOCK).map(|l| ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) * scale));
         }
-        scores.truncate(visible);
         let hidden = visible - sees.len();
-        for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
-            *sc = f32::NEG_INFINITY;
+        let mut inv = [0f32; MAX_HEADS];
+        for (g, inv) in inv.iter_mut().enumerate().take(n) {
+            let scores = &mut scores[g * width..g * width + visible];
+            for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
+                *sc = f32::NEG_INFINITY;
+            }
+            scores[..first].iter_mut().for_each(|sc| *sc = f32::NEG_INFINITY);
+            let max = lane_max(scores);
+            for sc in scores.iter_mut() {
+                *sc = crate::math::exp(*sc - max);
+            }
+            let mut total = lane_sum(scores);
+            // `exp` saturates at e^-87 rather than 0: masked positions get exactly 0.
+            for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
+                total -= *sc;
+                *sc = 0.0;
+            }
+            for sc in &mut scores[..first] {
+                total -= *sc;
+                *sc = 0.0;
+            }
+            *inv = 1.0 / total;
         }
-        scores[..first].iter_mut().for_each(|sc| *sc = f32::NEG_INFINITY);
-        let max = lane_max(scores);
-        for sc in scores.iter_mut() {
-            *sc = crate::math::exp(*sc - max);
-        }
-        let mut total = lane_sum(scores);
-        // `exp` saturates at e^-87 rather than 0: masked positions get exactly 0.
-        for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
-            total -= *sc;
-            *sc = 0.0;
-        }
-        for sc in &mut scores[..first] {
-            total -= *sc;
-            *sc = 0.0;
-        }
-        let (inv, offset) = (1.0 / total, kvh * hd);
+        let (p, inv, offset) = ((&scores[..], width, visible), &inv[..n], kvh * hd);
         match hd {
-            64 => weighted_sum::<64>(scores, inv, values, stride, offset, out),
-            128 => weighted_sum::<128>(scores, inv, values, stride, offset, out),
-            256 => weighted_sum::<256>(scores, inv, values, stride, offset, out),
+            64 => weighted_sums::<64>(p, inv, values, stride, offset, out),
+            128 => weighted_sums::<128>(p, inv, values, stride, offset, out),
+            256 => weighted_sums::<256>(p, inv, values, stride, offset, out),
             _ => {
-                out.iter_mut().for_each(|o| *o = 0.0);
-                for (t, &p) in scores.iter().enumerate() {
-                    for (o, &x) in out.iter_mut().zip(&values[t * stride + offset..][..hd]) {
-                        *o = (p * inv).mul_add(x, *o);
+                for (g, (out, &inv)) in out.chunks_exact_mut(hd).zip(inv).enumerate() {
+                    out.iter_mut().for_each(|o| *o = 0.0);
+                    for (t, &p) in scores[g * width..g * width + visible].iter().enumerate() {
+                        for (o, &x) in out.iter_mut().zip(&values[t * stride + offset..][..hd]) {
+                            *o = (p * inv).mul_add(x, *o);
+                        }
                     }
                 }
             }
@@ -137,32 +168,52 @@ fn lane_sum(x: &[f32]) -> f32 {
     s.into_iter().sum()
 }
 
-/// `out = inv · Σ_t p[t] · v_t` for a head width known at compile time, so the sums stay in
-/// registers (through memory, each position's update would wait for the previous store).
-/// Even and odd positions sum apart, so that a 64-wide head's four registers do not each wait
-/// on their last multiply-add.
+/// Per head g, `out_g = inv[g] · Σ_t p_g[t] · v_t` for a head width known at compile time, so
+/// the sums stay in registers (through memory, each position's update would wait for the
+/// previous store). Even and odd positions sum apart, so that a 64-wide head's four registers
+/// do not each wait on their last multiply-add. `(scores, width, visible)`: head g's
+/// probabilities are `scores[g·width..][..visible]`. The heads take the positions in spans of
+/// [`SPAN`], each head's sums kept between spans (the same sums, in the same order, as in one
+/// sweep), so that each span of values is read from memory once for all of them.
 #[inline(always)]
-fn weighted_sum<const D: usize>(p: &[f32], inv: f32, values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
-    let (mut even, mut odd) = ([0f32; D], [0f32; D]);
-    let pairs = p.len() / 2;
-    for t in 0..pairs {
-        let (w0, w1) = (p[2 * t], p[2 * t + 1]);
-        let v0 = &values[2 * t * stride + offset..][..D];
-        let v1 = &values[(2 * t + 1) * stride + offset..][..D];
-        for d in 0..D {
-            even[d] = w0.mul_add(v0[d], even[d]);
-            odd[d] = w1.mul_add(v1[d], odd[d]);
+fn weighted_sums<const D: usize>(
+    (scores, width, visible): (&[f32], usize, usize),
+    inv: &[f32],
+    values: &[f32],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
+    let mut sums = [[[0f32; D]; 2]; MAX_HEADS];
+    let pairs = visible / 2;
+    for span in (0..pairs).step_by(SPAN / 2) {
+        for (g, sum) in sums.iter_mut().enumerate().take(inv.len()) {
+            // Into locals for the span (kept in registers), back after.
+            let [mut even, mut odd] = *sum;
+            let p = &scores[g * width..];
+            for t in span..pairs.min(span + SPAN / 2) {
+                let (w0, w1) = (p[2 * t], p[2 * t + 1]);
+                let v0 = &values[2 * t * stride + offset..][..D];
+                let v1 = &values[(2 * t + 1) * stride + offset..][..D];
+                for d in 0..D {
+                    even[d] = w0.mul_add(v0[d], even[d]);
+                    odd[d] = w1.mul_add(v1[d], odd[d]);
+                }
+            }
+            *sum = [even, odd];
         }
     }
-    if p.len() % 2 == 1 {
-        let t = p.len() - 1;
-        let v = &values[t * stride + offset..][..D];
-        for d in 0..D {
-            even[d] = p[t].mul_add(v[d], even[d]);
+    for (g, ([even, odd], (out, &inv))) in sums.iter_mut().zip(out.chunks_exact_mut(D).zip(inv)).enumerate() {
+        if visible % 2 == 1 {
+            let (t, p) = (visible - 1, scores[g * width + visible - 1]);
+            let v = &values[t * stride + offset..][..D];
+            for d in 0..D {
+                even[d] = p.mul_add(v[d], even[d]);
+            }
         }
-    }
-    for ((o, a), b) in out.iter_mut().zip(even).zip(odd) {
-        *o = (a + b) * inv;
+        for ((o, a), b) in out.iter_mut().zip(even.iter()).zip(odd.iter()) {
+            *o = (a + b) * inv;
+        }
     }
 }
 
@@ -264,9 +315,13 @@ mod tests {
         };
         for hd in [6usize, 8, 64, 128] {
             let s = Shape { heads: 4, kv_heads: 2, head_dim: hd };
-            for (visible, first, sees) in
-                [(1, 0, vec![]), (17, 0, vec![]), (40, 5, vec![]), (33, 0, vec![true, false, true])]
-            {
+            for (visible, first, sees) in [
+                (1, 0, vec![]),
+                (17, 0, vec![]),
+                (40, 5, vec![]),
+                (33, 0, vec![true, false, true]),
+                (101, 3, vec![false, true]),
+            ] {
                 let keys: Vec<Vec<f32>> = (0..visible).map(|_| (0..hd).map(|_| next()).collect()).collect();
                 let values: Vec<f32> = (0..visible * s.kv_heads * hd).map(|_| next()).collect();
                 let q: Vec<f32> = (0..hd).map(|_| 2.0 * next()).collect();
@@ -276,11 +331,49 @@ mod tests {
                         store_key(&mut blocks, hd, pos, k);
                     }
                     let (mut scores, mut out) = (Vec::new(), vec![0f32; hd]);
-                    head(s, &q, &blocks, &values, first, visible, &sees, h, &mut scores, &mut out);
+                    heads(s, &q, &blocks, &values, first, visible, &sees, h, &mut scores, &mut out);
                     let want = reference(s, &q, &keys, &values, first, &sees, h);
                     for (a, b) in out.iter().zip(&want) {
                         assert!((a - b).abs() <= 1e-5, "hd {hd}, visible {visible}, head {h}: {a} vs {b}");
                     }
+                }
+            }
+        }
+    }
+
+    /// A head's output is bit for bit the same computed alone or beside the other heads of its
+    /// key/value head, whatever their number, over several spans of values.
+    #[test]
+    fn a_head_is_the_same_alone_or_among_its_group() {
+        let mut seed = 11u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for hd in [6usize, 64, 128] {
+            let s = Shape { heads: 2 * MAX_HEADS, kv_heads: 2, head_dim: hd };
+            for (visible, first, sees) in [(1, 0, vec![]), (77, 2, vec![true, false]), (130, 0, vec![])] {
+                let mut blocks = Vec::new();
+                for pos in 0..visible {
+                    store_key(&mut blocks, hd, pos, &(0..hd).map(|_| next()).collect::<Vec<_>>());
+                }
+                let values: Vec<f32> = (0..visible * s.kv_heads * hd).map(|_| next()).collect();
+                let q: Vec<f32> = (0..MAX_HEADS * hd).map(|_| 2.0 * next()).collect();
+                let h0 = MAX_HEADS; // the second key/value head's
+                let mut scores = Vec::new();
+                let alone: Vec<f32> = (0..MAX_HEADS)
+                    .flat_map(|g| {
+                        let mut out = vec![0f32; hd];
+                        let qg = &q[g * hd..(g + 1) * hd];
+                        heads(s, qg, &blocks, &values, first, visible, &sees, h0 + g, &mut scores, &mut out);
+                        out
+                    })
+                    .collect();
+                for n in [2, 3, MAX_HEADS] {
+                    let mut out = vec![0f32; n * hd];
+                    heads(s, &q[..n * hd], &blocks, &values, first, visible, &sees, h0, &mut scores, &mut out);
+                    let same = out.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "hd {hd}, visible {visible}: {n} heads together differ from each alone");
                 }
             }
         }

@@ -709,23 +709,32 @@ struct View<'a> {
 }
 
 /// Attention of the new rows (row r is row `owner[r].1` of part `owner[r].0`, and sees that
-/// part's cache positions from `first[r]` on), the (row, head) pairs shared out over the
-/// thread team; `out` is resized to rows × heads·hd.
+/// part's cache positions from `first[r]` on), shared out over the thread team by (row,
+/// key/value head, part of its query heads); `out` is resized to rows × heads·hd. The query
+/// heads of a key/value head go together, since they read the same keys and values, in parts
+/// of at most `attention::MAX_HEADS`, and in more parts where there would be fewer items than
+/// threads (one row of a model with one key/value head); a head's output does not depend on
+/// its part.
 fn attend(s: Shape, q: &[f32], views: &[View], owner: &[(usize, usize)], first: &[usize], out: &mut Vec<f32>) {
     let (hd, n) = (s.head_dim, owner.len());
     out.resize(n * s.heads * hd, 0.0);
     let dst = OutPtr::new(out);
-    team().run(n * s.heads, 1, &|items| {
+    let group = s.heads / s.kv_heads;
+    let wanted = team().threads().div_ceil(n * s.kv_heads).max(group.div_ceil(attention::MAX_HEADS));
+    let per = group.div_ceil(wanted.min(group));
+    let parts = group.div_ceil(per);
+    team().run(n * s.kv_heads * parts, 1, &|items| {
         let mut scores = Vec::new();
         for item in items {
-            let (r, h) = (item / s.heads, item % s.heads);
+            let (r, kv_head, part) = (item / (s.kv_heads * parts), item / parts % s.kv_heads, item % parts);
+            let h0 = kv_head * group + part * per;
+            let heads = per.min(group - part * per);
             let (i, v) = (owner[r].1, &views[owner[r].0]);
-            let qv = &q[(r * s.heads + h) * hd..][..hd];
-            // SAFETY: each (row, head) item owns its own hd-wide slot of `out`.
-            let slot = unsafe { dst.slice(item * hd, hd) };
-            let kv_head = h / (s.heads / s.kv_heads);
+            let qv = &q[(r * s.heads + h0) * hd..][..heads * hd];
+            // SAFETY: each (row, key/value head, part) item owns its heads' slots of `out`.
+            let slot = unsafe { dst.slice((r * s.heads + h0) * hd, heads * hd) };
             let sees = v.tree.map_or(&[][..], |t| t.sees(i));
-            attention::head(s, qv, &v.keys[kv_head], v.values, first[r], v.pos + i + 1, sees, h, &mut scores, slot);
+            attention::heads(s, qv, &v.keys[kv_head], v.values, first[r], v.pos + i + 1, sees, h0, &mut scores, slot);
         }
     });
 }

@@ -118,6 +118,11 @@ impl Team {
         Self { threads: workers.len() + 1, shared, workers, lock: Mutex::new(()) }
     }
 
+    /// The threads of the team, the caller's included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Runs `job` over `0..items`, cut into chunks of `grain` items that the team's threads
     /// claim, and returns when every chunk is done.
     ///
