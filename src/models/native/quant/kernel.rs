@@ -261,7 +261,7 @@ mod tests {
                         run(*kernel, &acts, &w)
                     })
                     .collect();
-                for m in (1..=16).chain((long).then_some(most)) {
+                for m in (1..=16).chain(long.then_some(most)) {
                     let mut acts = QActs::default();
                     acts.quantize(&x[..m * k], m, k).expect("quantize");
                     let together = run(*kernel, &acts, &w);
