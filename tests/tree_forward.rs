@@ -1,6 +1,8 @@
 //! Tree verification in the engines: a tree of tokens scored in one call gives, along every
-//! root-to-leaf path, the logits a sequential forward of that path gives; keeping a path leaves
-//! the cache as a fresh run over the accepted tokens would. Both engines, both real models.
+//! root-to-leaf path, the logits a sequential forward of that path gives (on the native engine
+//! bit for bit, so that a tree's values, logprobs included, are plain decoding's); keeping a
+//! path leaves the cache as a fresh run over the accepted tokens would. Both engines, both
+//! real models.
 
 mod common;
 
@@ -38,6 +40,9 @@ fn tree_rows_equal_sequential_paths_and_kept_paths_equal_fresh_runs() -> Result<
             let mut model = Llama::new(w.clone())?;
             model.forward(&prompt, 0)?;
             let rows = model.forward_tree(&TOKENS, &tree)?;
+            // The native engine's rows do not depend on the call's shape; candle's may differ
+            // by rounding.
+            let tolerance = |loose: f32| if engine == Engine::Native { 0.0 } else { loose };
             for p in paths(&tree) {
                 let toks: Vec<u32> = p.iter().map(|&i| TOKENS[i]).collect();
                 let mut fresh = Llama::new(w.clone())?;
@@ -45,7 +50,7 @@ fn tree_rows_equal_sequential_paths_and_kept_paths_equal_fresh_runs() -> Result<
                 let want = fresh.forward(&toks, toks.len())?;
                 for (j, &i) in p.iter().enumerate() {
                     let d = rel_diff(rows.row(i), want.row(j));
-                    assert!(d <= 1e-4, "{name} {engine:?}: path {p:?}, token {i}: relative difference {d}");
+                    assert!(d <= tolerance(1e-4), "{name} {engine:?}: path {p:?}, token {i}: relative difference {d}");
                 }
             }
             // Keep the path to the deepest leaf, then step once: as if the path had been fed.
@@ -59,7 +64,7 @@ fn tree_rows_equal_sequential_paths_and_kept_paths_equal_fresh_runs() -> Result<
             fresh.forward(&all, 0)?;
             let want = fresh.forward(&[20, 21], 2)?;
             let d = rel_diff(next.as_slice(), want.as_slice());
-            assert!(d <= 1e-5, "{name} {engine:?}: after keep_path, relative difference {d}");
+            assert!(d <= tolerance(1e-5), "{name} {engine:?}: after keep_path, relative difference {d}");
         }
     }
     Ok(())

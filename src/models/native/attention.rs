@@ -96,45 +96,68 @@ multiversion! {
                 }
             }
         }
+        // A tree row sees the context and its ancestors: their scores are moved down to follow
+        // the context, as a chain's would, and the values are read through the same map, so
+        // that every sum below runs over the same terms in the same order as for plain
+        // decoding's row at that position: a tree's row is plain decoding's, bit for bit.
         let hidden = visible - sees.len();
+        let seen: Vec<usize> = (hidden..visible).filter(|&t| sees[t - hidden]).collect();
+        let visible = if sees.is_empty() { visible } else { hidden + seen.len() };
         let mut inv = [0f32; MAX_HEADS];
         for (g, inv) in inv.iter_mut().enumerate().take(n) {
-            let scores = &mut scores[g * width..g * width + visible];
-            for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
-                *sc = f32::NEG_INFINITY;
+            let row = &mut scores[g * width..(g + 1) * width];
+            for (j, &t) in seen.iter().enumerate() {
+                row[hidden + j] = row[t];
             }
+            let scores = &mut row[..visible];
             scores[..first].iter_mut().for_each(|sc| *sc = f32::NEG_INFINITY);
             let max = lane_max(scores);
             for sc in scores.iter_mut() {
                 *sc = crate::math::exp(*sc - max);
             }
             let mut total = lane_sum(scores);
-            // `exp` saturates at e^-87 rather than 0: masked positions get exactly 0.
-            for (sc, _) in scores[hidden..].iter_mut().zip(sees).filter(|(_, &seen)| !seen) {
-                total -= *sc;
-                *sc = 0.0;
-            }
+            // `exp` saturates at e^-87 rather than 0: positions before the window get exactly 0.
             for sc in &mut scores[..first] {
                 total -= *sc;
                 *sc = 0.0;
             }
             *inv = 1.0 / total;
         }
+        let at = Positions { hidden, seen: &seen };
         let (p, inv, offset) = ((&scores[..], width, visible), &inv[..n], kvh * hd);
         match hd {
-            64 => weighted_sums::<64>(p, inv, values, stride, offset, out),
-            128 => weighted_sums::<128>(p, inv, values, stride, offset, out),
-            256 => weighted_sums::<256>(p, inv, values, stride, offset, out),
+            64 => weighted_sums::<64>(p, inv, (values, at), stride, offset, out),
+            128 => weighted_sums::<128>(p, inv, (values, at), stride, offset, out),
+            256 => weighted_sums::<256>(p, inv, (values, at), stride, offset, out),
             _ => {
                 for (g, (out, &inv)) in out.chunks_exact_mut(hd).zip(inv).enumerate() {
                     out.iter_mut().for_each(|o| *o = 0.0);
                     for (t, &p) in scores[g * width..g * width + visible].iter().enumerate() {
-                        for (o, &x) in out.iter_mut().zip(&values[t * stride + offset..][..hd]) {
+                        for (o, &x) in out.iter_mut().zip(&values[at.slot(t) * stride + offset..][..hd]) {
                             *o = (p * inv).mul_add(x, *o);
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// Where the `t`-th position a row sees lies in the cache: the context's positions in place,
+/// then a tree row's ancestors (and itself) at their slots.
+#[derive(Clone, Copy)]
+struct Positions<'a> {
+    hidden: usize,
+    seen: &'a [usize],
+}
+
+impl Positions<'_> {
+    #[inline(always)]
+    fn slot(&self, t: usize) -> usize {
+        if t < self.hidden {
+            t
+        } else {
+            self.seen[t - self.hidden]
         }
     }
 }
@@ -174,12 +197,13 @@ fn lane_sum(x: &[f32]) -> f32 {
 /// do not each wait on their last multiply-add. `(scores, width, visible)`: head g's
 /// probabilities are `scores[g·width..][..visible]`. The heads take the positions in spans of
 /// [`SPAN`], each head's sums kept between spans (the same sums, in the same order, as in one
-/// sweep), so that each span of values is read from memory once for all of them.
+/// sweep), so that each span of values is read from memory once for all of them. `at` says
+/// where the `t`-th position's values lie.
 #[inline(always)]
 fn weighted_sums<const D: usize>(
     (scores, width, visible): (&[f32], usize, usize),
     inv: &[f32],
-    values: &[f32],
+    (values, at): (&[f32], Positions),
     stride: usize,
     offset: usize,
     out: &mut [f32],
@@ -193,8 +217,8 @@ fn weighted_sums<const D: usize>(
             let p = &scores[g * width..];
             for t in span..pairs.min(span + SPAN / 2) {
                 let (w0, w1) = (p[2 * t], p[2 * t + 1]);
-                let v0 = &values[2 * t * stride + offset..][..D];
-                let v1 = &values[(2 * t + 1) * stride + offset..][..D];
+                let v0 = &values[at.slot(2 * t) * stride + offset..][..D];
+                let v1 = &values[at.slot(2 * t + 1) * stride + offset..][..D];
                 for d in 0..D {
                     even[d] = w0.mul_add(v0[d], even[d]);
                     odd[d] = w1.mul_add(v1[d], odd[d]);
@@ -206,7 +230,7 @@ fn weighted_sums<const D: usize>(
     for (g, ([even, odd], (out, &inv))) in sums.iter_mut().zip(out.chunks_exact_mut(D).zip(inv)).enumerate() {
         if visible % 2 == 1 {
             let (t, p) = (visible - 1, scores[g * width + visible - 1]);
-            let v = &values[t * stride + offset..][..D];
+            let v = &values[at.slot(t) * stride + offset..][..D];
             for d in 0..D {
                 even[d] = p.mul_add(v[d], even[d]);
             }
