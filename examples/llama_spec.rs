@@ -111,6 +111,11 @@ struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Report each token's log-probability and its N most likely alternatives (0 to 20; the
+    /// first tokens' are printed). They are read from the target's rows, plain decoding's
+    /// values bit for bit.
+    #[arg(long)]
+    logprobs: Option<usize>,
     /// How sampled tokens are drawn: coupled (every draw fixed by the seed and the position, so
     /// the text is the same for a seed whatever k or drafter, and equals plain decoding's) or
     /// standard (min(1, p/q) acceptance).
@@ -235,6 +240,9 @@ fn main() -> Result<()> {
     for &(id, bias) in &args.logit_bias {
         sampling = sampling.with_logit_bias(id, bias)?;
     }
+    if let Some(n) = args.logprobs {
+        sampling = sampling.with_logprobs(specdec::Logprobs::new(n, specdec::LogprobMode::Raw)?);
+    }
     if let Some(grammar) = grammar(&args)? {
         sampling = sampling.with_processor(grammar.compile(&GrammarVocab::new(&tokenizer)?)?);
     }
@@ -349,6 +357,20 @@ fn report(
             g.prefix_hit_tokens,
             g.prefill_tok_s(),
             g.first_token_secs
+        );
+    }
+    if let Some(first) = spec.logprobs.first() {
+        let same = spec.logprobs == plain.logprobs;
+        let shown: Vec<String> = spec
+            .logprobs
+            .iter()
+            .take(5)
+            .map(|l| format!("{:?} {:.4}", tok.decode(&[l.token]).unwrap_or_default(), l.logprob))
+            .collect();
+        println!(
+            "logprobs    : {} (the first token's top: {:?}); the same as plain decoding's: {same}",
+            shown.join(", "),
+            first.top
         );
     }
     println!("plain       : {:6.1} tok/s ({} tokens)", p.tokens_per_sec(), p.new_tokens);

@@ -132,6 +132,18 @@ impl GrammarVocab {
         Self::build(tokens, eos, None)
     }
 
+    /// The bytes token `id` stands for (a special token: its name, such as `<|im_end|>`;
+    /// nothing for an id outside the vocabulary). A byte-level token may hold part of a
+    /// character: these are the bytes, not text.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        let trie = self.env.tok_trie();
+        if id as usize >= trie.vocab_size() {
+            return &[];
+        }
+        let bytes = trie.token(id);
+        bytes.strip_prefix(&[0xFF]).unwrap_or(bytes)
+    }
+
     fn build(tokens: Vec<Vec<u8>>, eos: &[u32], encoder: Option<tokenizers::Tokenizer>) -> Result<Self> {
         let n = tokens.len();
         match eos.iter().find(|&&t| t as usize >= n) {

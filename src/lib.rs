@@ -173,8 +173,8 @@ pub use model::{DraftModel, KvRows, Logits, Proposal, TargetModel, TokenModel, V
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
 pub use plain::PlainDecoder;
 pub use prefix::{PrefixCache, PrefixStats};
-pub use sampling::{History, LogitsProcessor, SamplingConfig};
-pub use stats::{Clock, FinishReason, Generation, Stats};
+pub use sampling::{History, LogitsProcessor, LogprobMode, Logprobs, SamplingConfig};
+pub use stats::{Clock, FinishReason, Generation, Stats, TokenLogprob};
 pub use stop::StopRule;
 #[cfg(feature = "llama")]
 pub use tokenizer::{TextStream, Tokenizer};

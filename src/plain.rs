@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::model::TargetModel;
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
-use crate::stats::{Clock, Generation};
+use crate::stats::{Clock, FinishReason, Generation, TokenLogprob};
 use crate::stop::StopRule;
 
 /// Samples one token per target call with the given settings: the round driver under
@@ -26,6 +26,8 @@ use crate::stop::StopRule;
 pub struct PlainDecoder<T> {
     /// A batch of one under the plain policy.
     driver: Driver<T, NoDraft>,
+    /// Whether a generation was started (and its prompt fed).
+    started: bool,
 }
 
 impl<T: TargetModel> PlainDecoder<T> {
@@ -43,7 +45,7 @@ impl<T: TargetModel> PlainDecoder<T> {
         };
         let mut driver = Driver::new(KPolicy::Plain, CostModel::default(), Clock::wall());
         driver.members.push(Member::new(SeqId(0), target, draft, start));
-        Self { driver }
+        Self { driver, started: false }
     }
 
     /// Where the reported times are read (default the wall clock; see [`Clock`]).
@@ -117,20 +119,63 @@ impl<T: TargetModel> PlainDecoder<T> {
         prompt: &[u32],
         mut on_tokens: impl FnMut(&[u32]) -> ControlFlow<()>,
     ) -> Result<Generation> {
-        let m = self.member_mut();
-        m.seq.check()?;
-        m.seq.start(prompt, false)?;
-        self.driver.ready = true;
-        while self.member().seq.finish().is_none() {
-            let before = self.member().seq.ctx().len();
-            self.driver.step()?;
-            let m = self.member_mut();
-            if on_tokens(&m.seq.ctx()[before..]).is_break() {
-                m.seq.cancel();
+        self.start(prompt)?;
+        while self.finish_reason().is_none() {
+            if on_tokens(self.step()?).is_break() {
+                self.cancel();
             }
         }
         self.member_mut().seq.save_prefix();
         Ok(self.member().seq.generation())
+    }
+
+    /// Resets the model and feeds it the prompt (all but its last token, which the first step
+    /// feeds), as [`SpeculativeDecoder::start`](crate::SpeculativeDecoder::start) does.
+    ///
+    /// # Errors
+    /// Bad prompts, stop tokens outside the vocabulary, model failures.
+    pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        self.started = false;
+        let m = self.member_mut();
+        m.seq.check()?;
+        m.seq.start(prompt, false)?;
+        (self.started, self.driver.ready) = (true, true);
+        Ok(())
+    }
+
+    /// Draws one token and returns it (empty once the generation is finished).
+    ///
+    /// # Errors
+    /// [`Error::NotReady`](crate::Error::NotReady) before `start` or while a roll-back
+    /// fails; model failures.
+    pub fn step(&mut self) -> Result<&[u32]> {
+        if !self.started {
+            return Err(crate::Error::NotReady("no generation in progress"));
+        }
+        let before = self.member().seq.ctx().len();
+        self.driver.step()?;
+        Ok(&self.member().seq.ctx()[before..])
+    }
+
+    /// Stops the current generation where it stands (its finish reason becomes `Cancelled`).
+    pub fn cancel(&mut self) {
+        self.member_mut().seq.cancel();
+    }
+
+    /// The tokens generated so far in the current generation.
+    pub fn generated(&self) -> &[u32] {
+        self.member().seq.generated()
+    }
+
+    /// Why the current generation finished, if it has.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.member().seq.finish()
+    }
+
+    /// The log-probabilities of the tokens generated so far, when the sampling settings ask
+    /// for them; empty otherwise.
+    pub fn logprobs(&self) -> &[TokenLogprob] {
+        self.member().seq.logprobs()
     }
 
     fn member(&self) -> &Member<T, NoDraft> {

@@ -269,6 +269,22 @@ pub struct Generation {
     pub finish: FinishReason,
     /// Counters and timings.
     pub stats: Stats,
+    /// Each token's log-probability and its row's most likely tokens, when the sampling
+    /// settings ask for them ([`SamplingConfig::with_logprobs`](crate::SamplingConfig::with_logprobs));
+    /// empty otherwise.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// One emitted token's log-probability, and the most likely tokens of its row (see
+/// [`Logprobs`](crate::sampling::Logprobs) for which row).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Its natural log-probability (`-inf` for a token the processed law excludes).
+    pub logprob: f32,
+    /// The row's most likely tokens with theirs, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Expected tokens per target call with a block of `k` drafts accepted with probability `alpha`

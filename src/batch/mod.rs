@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
-use crate::stats::{Clock, Generation};
+use crate::stats::{Clock, Generation, TokenLogprob};
 use crate::stop::StopRule;
 
 /// What to generate for one sequence: the prompt, sampling settings (with their seed) and the
@@ -399,6 +399,15 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         let result = result.unwrap_or_else(|payload| std::panic::resume_unwind(payload));
         self.retire();
         result.map(|()| new)
+    }
+
+    /// The log-probabilities so far of sequence `id`, running or finished and not yet taken
+    /// (one per token, when its sampling settings ask for them; empty otherwise).
+    pub fn logprobs(&self, id: SeqId) -> Option<&[TokenLogprob]> {
+        match self.driver.members.iter().find(|m| m.id == id) {
+            Some(m) => Some(m.seq.logprobs()),
+            None => self.finished.iter().find(|f| f.id == id).map(|f| f.generation.logprobs.as_slice()),
+        }
     }
 
     /// The statistics so far of running sequence `id`.

@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
-use crate::stats::{Clock, FinishReason, Generation, Stats};
+use crate::stats::{Clock, FinishReason, Generation, Stats, TokenLogprob};
 use crate::stop::StopRule;
 
 /// Builds a [`SpeculativeDecoder`]; see [`SpeculativeDecoder::builder`].
@@ -281,6 +281,12 @@ impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
     /// Why the current generation finished, if it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.member().seq.finish()
+    }
+
+    /// The log-probabilities of the tokens generated so far, one per token, when the sampling
+    /// settings ask for them ([`SamplingConfig::with_logprobs`]); empty otherwise.
+    pub fn logprobs(&self) -> &[TokenLogprob] {
+        self.member().seq.logprobs()
     }
 
     /// Counters and timings of the current generation.

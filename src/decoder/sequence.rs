@@ -18,7 +18,7 @@ use crate::kernel::Verdict;
 use crate::model::{DraftModel, Logits, Proposal, TargetModel, TokenModel};
 use crate::prefix::PrefixCache;
 use crate::sampling::{History, Noise, Processors, SamplingConfig};
-use crate::stats::{Clock, FinishReason, Generation, Stats};
+use crate::stats::{Clock, FinishReason, Generation, Stats, TokenLogprob};
 use crate::stop::{check_prompt, pending, StopRule};
 
 pub(crate) struct Sequence<D, T> {
@@ -50,6 +50,10 @@ pub(crate) struct Sequence<D, T> {
     prefilling: bool,
     /// Whether this generation looked its prompt up in the prefix cache.
     looked_up: bool,
+    /// The generated tokens' log-probabilities, when the settings ask for them.
+    logprobs: Vec<TokenLogprob>,
+    /// Those of the latest round's tokens, until [`keep`](Self::keep) keeps them.
+    round_logprobs: Vec<TokenLogprob>,
 }
 
 impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
@@ -74,6 +78,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             saved: true,
             prefilling: false,
             looked_up: false,
+            logprobs: Vec::new(),
+            round_logprobs: Vec::new(),
         }
     }
 
@@ -130,6 +136,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         self.generations += 1;
         self.finish = self.stop.finish(&[]);
         (self.saved, self.prefilling, self.looked_up) = (false, true, false);
+        self.logprobs.clear();
+        self.round_logprobs.clear();
         let (draft, target) = (&mut self.draft, &mut self.target);
         self.clock.timed(&mut self.stats.prefill_secs, || -> Result<()> {
             target.truncate(0)?;
@@ -266,6 +274,10 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     /// forced or the generation ends. Returns how many.
     pub fn fast_forward(&mut self) -> Result<usize> {
         let mut n = 0;
+        // Asked for, log-probabilities need the target's row at every token.
+        if self.sampling.logprobs().is_some() {
+            return Ok(n);
+        }
         while self.finish.is_none() {
             let Some(t) = self.procs.forced(&history(&self.ctx, self.prompt_len))? else { break };
             self.keep(&[t]);
@@ -308,8 +320,24 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         let ctx = history(&self.ctx, self.prompt_len);
         let verdict = self.block.judge(logits, (&self.sampling, &mut self.procs, ctx), vocab, &mut self.rng)?;
         self.stats.record_round(self.block.tokens().len(), verdict.accepted);
+        let rows: Vec<usize> = (0..verdict.tokens.len()).collect();
+        self.score(&verdict.tokens, logits, &rows)?;
         self.stats.process_secs = self.procs.secs;
         Ok(verdict)
+    }
+
+    /// When the settings ask for them, the log-probabilities of a round's `tokens`, token `j`
+    /// from row `rows[j]` of `logits` (for [`keep`](Self::keep) to keep with the tokens).
+    pub(super) fn score(&mut self, tokens: &[u32], logits: &Logits, rows: &[usize]) -> Result<()> {
+        self.round_logprobs.clear();
+        let Some(asked) = self.sampling.logprobs() else { return Ok(()) };
+        let ctx = history(&self.ctx, self.prompt_len);
+        for (j, (&token, &row)) in tokens.iter().zip(rows).enumerate() {
+            let history = History { drafted: &tokens[..j], ..ctx };
+            let value = asked.of((&self.sampling, &mut self.procs, &history), logits.row(row), token)?;
+            self.round_logprobs.push(value);
+        }
+        Ok(())
     }
 
     /// Ends the generation where it stands, as cancelled (a finished one keeps its reason).
@@ -319,7 +347,9 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 
     /// Appends a round's tokens to the context, up to the first that ends the generation.
     pub fn keep(&mut self, tokens: &[u32]) {
+        let mut values = std::mem::take(&mut self.round_logprobs).into_iter();
         for &t in tokens {
+            self.logprobs.extend(values.next().filter(|v| v.token == t));
             self.ctx.push(t);
             self.stats.new_tokens += 1;
             self.finish = self.stop.finish(&self.ctx[self.prompt_len..]);
@@ -352,13 +382,19 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         target_ok && draft_ok && self.target.context_len() == keep
     }
 
-    /// The generation so far: its tokens, why it finished (the length limit when it has not)
-    /// and its statistics.
+    /// The generated tokens' log-probabilities (empty unless the settings ask for them).
+    pub fn logprobs(&self) -> &[TokenLogprob] {
+        &self.logprobs
+    }
+
+    /// The generation so far: its tokens, why it finished (the length limit when it has not),
+    /// its statistics and the log-probabilities asked for.
     pub fn generation(&self) -> Generation {
         Generation {
             tokens: self.generated().to_vec(),
             finish: self.finish.unwrap_or(FinishReason::Length),
             stats: self.stats.clone(),
+            logprobs: self.logprobs.clone(),
         }
     }
 }

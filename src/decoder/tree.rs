@@ -5,7 +5,7 @@
 use super::Sequence;
 use crate::error::{Error, Result};
 use crate::kernel::{self, Verdict};
-use crate::model::{DraftModel, TargetModel};
+use crate::model::{DraftModel, Logits, TargetModel};
 use crate::sampling::argmax;
 use crate::stop::pending;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget, TreeCall};
@@ -24,7 +24,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         let tree = self.clock.timed(&mut self.stats.draft_secs, || draft.propose_tree(feed, budget, &mut picker))?;
         self.stats.draft_calls += 1;
         self.check_tree(&tree, budget)?;
-        let (call, path) = self.verify_tree(&tree)?;
+        let (call, path, logits) = self.verify_tree(&tree)?;
+        self.score(&path.tokens, &logits, &call.positions(&path.path))?;
         let accepted = path.path.len();
         let target = &mut self.target;
         let kept = call.positions(&path.path);
@@ -72,8 +73,8 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
     }
 
     /// Scores the pending token and the tree in one target call and walks it. Returns the
-    /// call and the verdict.
-    fn verify_tree(&mut self, tree: &DraftTree) -> Result<(TreeCall, kernel::TreeVerdict)> {
+    /// call, the verdict and the call's rows.
+    fn verify_tree(&mut self, tree: &DraftTree) -> Result<(TreeCall, kernel::TreeVerdict, Logits)> {
         let pending = pending(&self.ctx, self.target.context_len(), "target")?;
         let (&root, head) = pending.split_last().ok_or(Error::NotReady("nothing pending"))?;
         let call = tree.call(root)?;
@@ -111,6 +112,6 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
             let sampling = &self.sampling;
             kernel::verify_tree(&nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
         };
-        Ok((call, verdict))
+        Ok((call, verdict, logits))
     }
 }

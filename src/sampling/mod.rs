@@ -13,9 +13,11 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 mod coupled;
+mod logprobs;
 mod process;
 
 pub use coupled::Noise;
+pub use logprobs::{LogprobMode, Logprobs, MAX_TOP_LOGPROBS};
 pub(crate) use process::{BuiltIns, Processors};
 pub use process::{Counts, History, LogitsProcessor, ProcessorFactory};
 
@@ -45,6 +47,9 @@ pub struct SamplingConfig {
     /// Custom processors, made anew for each sequence.
     #[serde(skip)]
     processors: Vec<ProcessorFactory>,
+    /// What each emitted token reports (nothing unless asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Logprobs>,
 }
 
 impl std::fmt::Debug for SamplingConfig {
@@ -58,6 +63,7 @@ impl std::fmt::Debug for SamplingConfig {
             .field("coupled", &self.coupled)
             .field("builtins", &self.builtins)
             .field("processors", &self.processors.len())
+            .field("logprobs", &self.logprobs)
             .finish()
     }
 }
@@ -70,6 +76,7 @@ impl PartialEq for SamplingConfig {
         (self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.coupled)
             == (other.temperature, other.top_k, other.top_p, other.min_p, other.seed, other.coupled)
             && self.builtins == other.builtins
+            && self.logprobs == other.logprobs
             && same_factories
     }
 }
@@ -93,6 +100,7 @@ impl SamplingConfig {
             coupled: false,
             builtins: BuiltIns::default(),
             processors: Vec::new(),
+            logprobs: None,
         }
     }
 
@@ -208,6 +216,22 @@ impl SamplingConfig {
     pub fn with_processor(mut self, factory: ProcessorFactory) -> Self {
         self.processors.push(factory);
         self
+    }
+
+    /// Each emitted token carries its log-probability and its row's most likely tokens (see
+    /// [`Logprobs`]; [`Generation::logprobs`](crate::Generation::logprobs)). They are read from
+    /// the target's row at the token's position, which is plain decoding's row bit for bit, so
+    /// they are plain decoding's values under any drafter, and cost no model call. One thing
+    /// changes: tokens the processors force (a grammar's fixed text) are then scored by the
+    /// target like any other, where otherwise they are emitted without a model call.
+    pub fn with_logprobs(mut self, logprobs: Logprobs) -> Self {
+        self.logprobs = Some(logprobs);
+        self
+    }
+
+    /// What each emitted token reports, if asked.
+    pub fn logprobs(&self) -> Option<Logprobs> {
+        self.logprobs
     }
 
     /// True when any processor (a built-in or a custom one) changes the rows.

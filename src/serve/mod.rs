@@ -32,7 +32,7 @@ use crate::batch::{BatchDecoder, Finished, Request, SeqId};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
 use crate::prefix::{PrefixCache, DEFAULT_BUDGET};
-use crate::stats::{FinishReason, Stats};
+use crate::stats::{FinishReason, Stats, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
 /// Limits and the batch's k policy.
@@ -88,6 +88,10 @@ pub enum Event {
         tokens: Vec<u32>,
         /// Their text.
         text: String,
+        /// The tokens' log-probabilities, one per token, when the request's sampling settings
+        /// ask for them ([`SamplingConfig::with_logprobs`](crate::SamplingConfig::with_logprobs));
+        /// empty otherwise.
+        logprobs: Vec<TokenLogprob>,
     },
     /// The request ended; the last event.
     Done(Outcome),
@@ -476,7 +480,11 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             Err(e) => return self.fail(id, e),
         };
         slot.stopped |= stopped;
-        let flow = send(&mut slot.sink, Event::Delta { tokens: tokens.to_vec(), text });
+        let logprobs = self
+            .batch
+            .logprobs(id)
+            .map_or(Vec::new(), |all| all.get(all.len().saturating_sub(tokens.len())..).unwrap_or_default().to_vec());
+        let flow = send(&mut slot.sink, Event::Delta { tokens: tokens.to_vec(), text, logprobs });
         {
             let mut m = self.lock();
             if first {
@@ -512,7 +520,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         self.lock().prefill_tokens += f.generation.stats.prefill_tokens as u64;
         let rest = slot.text.finish();
         if !rest.is_empty() {
-            let _ = send(&mut slot.sink, Event::Delta { tokens: Vec::new(), text: rest });
+            let _ = send(&mut slot.sink, Event::Delta { tokens: Vec::new(), text: rest, logprobs: Vec::new() });
         }
         let finish = if slot.stopped { FinishReason::Stop } else { f.generation.finish };
         let outcome = Outcome {
