@@ -4,6 +4,8 @@
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use specdec::chat::ChatMessage;
+use specdec::sampling::MAX_TOP_LOGPROBS;
+use specdec::LogprobMode;
 
 use crate::error::ApiError;
 
@@ -26,10 +28,12 @@ const COMMON: &[&str] = &[
     "n",
     "user",
     "logprobs",
+    "logprobs_mode",
     "response_format",
 ];
 /// The fields only chat completions take.
-const CHAT: &[&str] = &["messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls"];
+const CHAT: &[&str] =
+    &["messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs"];
 /// The fields only text completions take.
 const COMPLETION: &[&str] = &["prompt", "echo"];
 
@@ -67,6 +71,13 @@ pub struct Params {
     pub response_format: Option<Value>,
     pub tools: Vec<Value>,
     pub tool_choice: Option<Value>,
+    /// Log-probabilities asked for: the alternatives per token (chat's `logprobs: true` with
+    /// `top_logprobs`, or a completion's `logprobs: N`).
+    pub logprobs: Option<usize>,
+    /// Chat's `top_logprobs`, until it is checked against `logprobs`.
+    top_logprobs: Option<usize>,
+    /// Which row they are read from (`logprobs_mode`: `raw`, the default, or `processed`).
+    pub logprobs_mode: LogprobMode,
 }
 
 /// Reads field `key` as a `T`.
@@ -105,6 +116,11 @@ impl Params {
                 continue;
             }
             p.read(key, v, &map)?;
+        }
+        match (p.logprobs, p.top_logprobs) {
+            (None, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+            (Some(_), Some(top)) => p.logprobs = Some(top),
+            _ => {}
         }
         match endpoint {
             Endpoint::Chat if !map.contains_key("messages") => {
@@ -184,7 +200,24 @@ impl Params {
                 n @ 1..=MAX_CHOICES => self.n = n,
                 _ => return Err(ApiError::invalid(key, format!("`n` must be between 1 and {MAX_CHOICES}"))),
             },
-            "logprobs" if field::<bool>(key, v)? => return Err(ApiError::invalid(key, "`logprobs` are not supported")),
+            // Chat's `logprobs: true`, or a completion's number of alternatives.
+            "logprobs" => match v {
+                Value::Bool(asked) => self.logprobs = asked.then_some(0),
+                _ => self.logprobs = Some(alternatives(key, v)?),
+            },
+            "top_logprobs" => self.top_logprobs = Some(alternatives(key, v)?),
+            "logprobs_mode" => {
+                self.logprobs_mode = match field::<String>(key, v)?.as_str() {
+                    "raw" => LogprobMode::Raw,
+                    "processed" => LogprobMode::Processed,
+                    other => {
+                        return Err(ApiError::invalid(
+                            key,
+                            format!("`logprobs_mode` is {other:?}: expected raw or processed"),
+                        ))
+                    }
+                }
+            }
             "response_format" => self.response_format = Some(v.clone()),
             "tools" => self.tools = field(key, v)?,
             "tool_choice" => self.tool_choice = Some(v.clone()),
@@ -193,6 +226,14 @@ impl Params {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// A count of alternatives per token: 0 to 20.
+fn alternatives(key: &str, v: &Value) -> Result<usize, ApiError> {
+    match field::<usize>(key, v)? {
+        n @ 0..=MAX_TOP_LOGPROBS => Ok(n),
+        n => Err(ApiError::invalid(key, format!("`{key}` is {n}: expected 0 to {MAX_TOP_LOGPROBS}"))),
     }
 }
 

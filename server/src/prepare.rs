@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use specdec::batch::Request;
 use specdec::grammar::Grammar;
 use specdec::serve::Job;
-use specdec::SamplingConfig;
+use specdec::{Logprobs, SamplingConfig};
 
 use crate::error::ApiError;
 use crate::params::{Endpoint, Params};
@@ -119,6 +119,9 @@ fn sampling(state: &State, p: &Params) -> Result<SamplingConfig, ApiError> {
             return Err(ApiError::invalid("logit_bias", message));
         }
         s = s.with_logit_bias(token, bias)?;
+    }
+    if let Some(top) = p.logprobs {
+        s = s.with_logprobs(Logprobs::new(top, p.logprobs_mode)?);
     }
     Ok(match p.seed {
         Some(seed) => s.with_seed(seed).coupled(),

@@ -13,7 +13,7 @@ use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 use specdec::serve::{CancelHandle, Event, Outcome, Sink};
-use specdec::FinishReason;
+use specdec::{FinishReason, TokenLogprob};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::ApiError;
@@ -38,6 +38,8 @@ struct Reply {
     created: u64,
     tools: Tools,
     include_usage: bool,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
 }
 
 /// Submits the job (once per choice, choice `i` seeded with the request's seed plus `i`; the
@@ -61,7 +63,16 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
     let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     let id = format!("{prefix}-{}", state.next());
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let reply = Arc::new(Reply { state, endpoint, id, created, tools: prepared.tools, include_usage: p.include_usage });
+    let logprobs = p.logprobs.is_some();
+    let reply = Arc::new(Reply {
+        state,
+        endpoint,
+        id,
+        created,
+        tools: prepared.tools,
+        include_usage: p.include_usage,
+        logprobs,
+    });
     match (p.stream, &reply.tools) {
         (false, _) => match collect_all(receivers).await {
             Ok(answers) => Json(reply.whole(&answers)).into_response(),
@@ -79,6 +90,7 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
                     started: false,
                     index,
                     outcomes: outcomes.clone(),
+                    logprobs: Vec::new(),
                 };
                 stream::unfold(s, next_chunk).boxed()
             });
@@ -102,8 +114,16 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
     }
 }
 
-/// Waits for every choice's whole text and outcome, in order.
-async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>) -> Result<Vec<(String, Outcome)>, ApiError> {
+/// One choice's whole answer.
+struct Answer {
+    text: String,
+    /// Its tokens' log-probabilities, when asked.
+    logprobs: Vec<TokenLogprob>,
+    outcome: Outcome,
+}
+
+/// Waits for every choice's whole answer, in order.
+async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>) -> Result<Vec<Answer>, ApiError> {
     let mut answers = Vec::with_capacity(receivers.len());
     for rx in receivers {
         answers.push(collect(rx).await?);
@@ -111,13 +131,16 @@ async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>) -> Result<Vec<(St
     Ok(answers)
 }
 
-/// Waits for the whole text and the outcome.
-async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, Outcome), ApiError> {
-    let mut text = String::new();
+/// Waits for the whole text, the log-probabilities and the outcome.
+async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
     while let Some(e) = rx.recv().await {
         match e {
-            Event::Delta { text: t, .. } => text.push_str(&t),
-            Event::Done(outcome) => return Ok((text, outcome)),
+            Event::Delta { text: t, logprobs: l, .. } => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            Event::Done(outcome) => return Ok(Answer { text, logprobs, outcome }),
             Event::Failed(e) => return Err(ApiError::server(e.to_string())),
         }
     }
@@ -135,6 +158,8 @@ struct Streaming {
     index: usize,
     /// Where the choices leave their outcomes, for the usage chunk at the end.
     outcomes: Arc<std::sync::Mutex<Vec<Outcome>>>,
+    /// Log-probabilities of tokens whose text is still held back, for the next chunk.
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// The next SSE text of one choice: the role chunk first (chat), then one per delta with
@@ -149,10 +174,18 @@ async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
     }
     loop {
         let text = match s.rx.recv().await? {
-            Event::Delta { text, .. } if text.is_empty() => continue,
-            Event::Delta { text, .. } => event(&s.reply.chunk(s.index, s.reply.content(&text), None)),
+            Event::Delta { text, logprobs, .. } if text.is_empty() => {
+                s.logprobs.extend(logprobs);
+                continue;
+            }
+            Event::Delta { text, logprobs, .. } => {
+                s.logprobs.extend(logprobs);
+                let logprobs = std::mem::take(&mut s.logprobs);
+                event(&s.reply.chunk_with(s.index, s.reply.content(&text), None, &logprobs))
+            }
             Event::Done(outcome) => {
-                let last = s.reply.chunk(s.index, s.reply.content(""), Some(finish_reason(&outcome, false)));
+                let (finish, logprobs) = (Some(finish_reason(&outcome, false)), std::mem::take(&mut s.logprobs));
+                let last = s.reply.chunk_with(s.index, s.reply.content(""), finish, &logprobs);
                 if let Ok(mut o) = s.outcomes.lock() {
                     o.push(outcome);
                 }
@@ -192,19 +225,24 @@ fn finish_reason(o: &Outcome, called: bool) -> &'static str {
 
 impl Reply {
     /// The whole answer: one choice per answer.
-    fn whole(&self, answers: &[(String, Outcome)]) -> Value {
+    fn whole(&self, answers: &[Answer]) -> Value {
         let choices: Vec<Value> = (answers.iter().enumerate())
-            .map(|(i, (text, o))| match self.endpoint {
-                Endpoint::Chat => {
-                    let (message, called) = self.message(text);
-                    json!({ "index": i, "message": message, "finish_reason": finish_reason(o, called), "logprobs": null })
-                }
-                Endpoint::Completion => {
-                    json!({ "index": i, "text": text, "finish_reason": finish_reason(o, false), "logprobs": null })
+            .map(|(i, a)| {
+                let logprobs = self.logprobs(&a.logprobs);
+                match self.endpoint {
+                    Endpoint::Chat => {
+                        let (message, called) = self.message(&a.text);
+                        let finish = finish_reason(&a.outcome, called);
+                        json!({ "index": i, "message": message, "finish_reason": finish, "logprobs": logprobs })
+                    }
+                    Endpoint::Completion => {
+                        let finish = finish_reason(&a.outcome, false);
+                        json!({ "index": i, "text": a.text, "finish_reason": finish, "logprobs": logprobs })
+                    }
                 }
             })
             .collect();
-        let outcomes: Vec<Outcome> = answers.iter().map(|(_, o)| o.clone()).collect();
+        let outcomes: Vec<Outcome> = answers.iter().map(|a| a.outcome.clone()).collect();
         let mut v = self.head();
         v["choices"] = json!(choices);
         v["usage"] = usage(&outcomes);
@@ -213,20 +251,20 @@ impl Reply {
     }
 
     /// Whole answers as stream chunks (outputs read for tool calls).
-    fn buffered(&self, answers: &[(String, Outcome)]) -> Vec<String> {
+    fn buffered(&self, answers: &[Answer]) -> Vec<String> {
         let mut out = Vec::new();
-        for (i, (text, o)) in answers.iter().enumerate() {
+        for (i, Answer { text, logprobs, outcome: o }) in answers.iter().enumerate() {
             let (mut delta, called) = self.message(text);
             if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
                 for (j, c) in calls.iter_mut().enumerate() {
                     c["index"] = json!(j);
                 }
             }
-            out.push(event(&self.chunk(i, delta, None)));
+            out.push(event(&self.chunk_with(i, delta, None, logprobs)));
             out.push(event(&self.chunk(i, json!({}), Some(finish_reason(o, called)))));
         }
         if self.include_usage {
-            let outcomes: Vec<Outcome> = answers.iter().map(|(_, o)| o.clone()).collect();
+            let outcomes: Vec<Outcome> = answers.iter().map(|a| a.outcome.clone()).collect();
             out.push(event(&self.usage_chunk(&outcomes)));
         }
         out
@@ -259,9 +297,17 @@ impl Reply {
 
     /// One stream chunk of choice `index`.
     fn chunk(&self, index: usize, delta: Value, finish: Option<&str>) -> Value {
+        self.chunk_with(index, delta, finish, &[])
+    }
+
+    /// One stream chunk of choice `index`, with the log-probabilities of its tokens.
+    fn chunk_with(&self, index: usize, delta: Value, finish: Option<&str>, logprobs: &[TokenLogprob]) -> Value {
+        let logprobs = self.logprobs(logprobs);
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({ "index": index, "delta": delta, "finish_reason": finish, "logprobs": null }),
-            Endpoint::Completion => json!({ "index": index, "text": delta, "finish_reason": finish, "logprobs": null }),
+            Endpoint::Chat => json!({ "index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs }),
+            Endpoint::Completion => {
+                json!({ "index": index, "text": delta, "finish_reason": finish, "logprobs": logprobs })
+            }
         };
         let mut v = self.head_chunk();
         v["choices"] = json!([choice]);
@@ -277,6 +323,59 @@ impl Reply {
         v
     }
 
+    /// Tokens' log-probabilities in OpenAI's shape for the endpoint (`null` when not asked;
+    /// end-of-turn tokens, which add no text, left out).
+    fn logprobs(&self, values: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let stops = self.state.tokenizer.stop_ids();
+        let values: Vec<&TokenLogprob> = values.iter().filter(|v| !stops.contains(&v.token)).collect();
+        let bytes = |id: u32| -> Vec<u8> {
+            match &self.state.grammar {
+                Some(vocab) => vocab.token_bytes(id).to_vec(),
+                None => self.state.tokenizer.decode(&[id]).unwrap_or_default().into_bytes(),
+            }
+        };
+        let text = |id: u32| String::from_utf8_lossy(&bytes(id)).into_owned();
+        match self.endpoint {
+            Endpoint::Chat => {
+                let entry = |id: u32, logprob: f32| json!({ "token": text(id), "logprob": finite(logprob), "bytes": bytes(id) });
+                let content: Vec<Value> = values
+                    .iter()
+                    .map(|v| {
+                        let mut e = entry(v.token, v.logprob);
+                        e["top_logprobs"] = v.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Endpoint::Completion => {
+                let tokens: Vec<String> = values.iter().map(|v| text(v.token)).collect();
+                let offsets: Vec<usize> = tokens
+                    .iter()
+                    .scan(0, |at, t| {
+                        *at += t.len();
+                        Some(*at - t.len())
+                    })
+                    .collect();
+                let top: Vec<Value> = values
+                    .iter()
+                    .map(|v| {
+                        v.top
+                            .iter()
+                            .map(|&(id, lp)| (text(id), json!(finite(lp))))
+                            .collect::<serde_json::Map<_, _>>()
+                            .into()
+                    })
+                    .collect();
+                let logprobs: Vec<f32> = values.iter().map(|v| finite(v.logprob)).collect();
+                json!({ "tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets })
+            }
+        }
+    }
+
     fn head(&self) -> Value {
         let object = if self.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
         json!({ "id": self.id, "object": object, "created": self.created, "model": self.state.model,
@@ -290,6 +389,12 @@ impl Reply {
         }
         v
     }
+}
+
+/// A log-probability JSON can carry: `-inf` (a token the processed law excludes) as -9999,
+/// OpenAI's floor.
+fn finite(logprob: f32) -> f32 {
+    logprob.max(-9999.0)
 }
 
 /// The usage of a request's choices: the prompt once, every choice's completion; the cached

@@ -36,3 +36,25 @@ fn the_official_openai_client_gets_what_it_expects() {
     assert!(out.status.success(), "the openai client script failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"));
 }
+
+/// Log-probabilities through the official client (`openai_logprobs.py`): a speculative server
+/// and a plain one return the same tokens and values, whole and streamed.
+#[test]
+fn the_official_client_gets_the_same_logprobs_from_a_speculative_and_a_plain_server() {
+    let python = python();
+    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    if !has_openai {
+        assert!(std::env::var_os("CI").is_none(), "{} has no `openai` package (.ci/run installs it)", python.display());
+        eprintln!("skipped: {} has no `openai` package", python.display());
+        return;
+    }
+    let Some(spec) = common::start(2, 16, 2048) else { return };
+    let Some(plain) = common::start_plain(2, 16, 2048) else { return };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_logprobs.py");
+    let out =
+        Command::new(&python).args([script, &spec.base, &plain.base, common::MODEL]).output().expect("python runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "the openai logprobs script failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"));
+}

@@ -26,6 +26,17 @@ pub struct TestServer {
 /// Starts a server with `max_running` slots, `max_queued` queue places and a context of
 /// `ctx` tokens; `None` when the model file is missing (a failure under CI).
 pub fn start(max_running: usize, max_queued: usize, ctx: usize) -> Option<TestServer> {
+    start_with(ServeConfig { max_running, max_queued, ..ServeConfig::default() }, ctx)
+}
+
+/// A server as [`start`] makes it, that decodes plainly (`--drafter plain`).
+pub fn start_plain(max_running: usize, max_queued: usize, ctx: usize) -> Option<TestServer> {
+    let config = ServeConfig { max_running, max_queued, policy: specdec::KPolicy::Plain, ..ServeConfig::default() };
+    start_with(config, ctx)
+}
+
+/// A server with `config` and a context of `ctx` tokens.
+pub fn start_with(config: ServeConfig, ctx: usize) -> Option<TestServer> {
     if !std::path::Path::new(FILE).is_file() {
         assert!(std::env::var_os("CI").is_none(), "{FILE} is missing: run scripts/fetch-models.sh");
         eprintln!("skipped: {FILE} is missing (scripts/fetch-models.sh fetches it)");
@@ -36,7 +47,6 @@ pub fn start(max_running: usize, max_queued: usize, ctx: usize) -> Option<TestSe
     let (weights, tokenizer) = files.load(WeightFormat::F32, &device).unwrap();
     let mut verifier = Llama::new(weights.clone()).unwrap();
     let proto = Drafter::build(&DrafterSpec::Model(None), &files, &mut verifier, &tokenizer, &device).unwrap();
-    let config = ServeConfig { max_running, max_queued, ..ServeConfig::default() };
     let w = weights.clone();
     let server =
         Server::start(config, Some(tokenizer.clone()), move || Ok((Llama::new(w.clone())?, proto.fork()?))).unwrap();
