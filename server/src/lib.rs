@@ -26,7 +26,7 @@ use specdec::grammar::GrammarVocab;
 use specdec::serve::Server;
 use specdec::Tokenizer;
 
-pub use error::ApiError;
+pub use error::{ApiError, ErrorKind};
 use params::{Endpoint, Params};
 
 /// The largest request body accepted (bytes); larger ones get a 413.
@@ -91,7 +91,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::invalid("", "no such route").status(StatusCode::NOT_FOUND) })
+        .fallback(|| async { ApiError::new(ErrorKind::NotFound, "", "no such route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -109,9 +109,13 @@ async fn run(state: Arc<State>, body: Result<Bytes, BytesRejection>, endpoint: E
     let body = match body {
         Ok(b) => b,
         Err(e) => {
-            let too_large = e.status() == StatusCode::PAYLOAD_TOO_LARGE;
-            let message = if too_large { format!("the body is over {MAX_BODY} bytes") } else { e.body_text() };
-            return ApiError::invalid("", message).status(e.status()).into_response();
+            let error = match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::new(ErrorKind::TooLarge, "", format!("the body is over {MAX_BODY} bytes"))
+                }
+                _ => ApiError::invalid("", e.body_text()),
+            };
+            return error.into_response();
         }
     };
     let prepared = Params::parse(&body, endpoint).and_then(|p| {

@@ -7,7 +7,7 @@ use specdec::chat::ChatMessage;
 use specdec::sampling::MAX_TOP_LOGPROBS;
 use specdec::LogprobMode;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 
 /// The fields both endpoints take.
 const COMMON: &[&str] = &[
@@ -108,7 +108,7 @@ impl Params {
         };
         let own = if endpoint == Endpoint::Chat { CHAT } else { COMPLETION };
         if let Some(key) = map.keys().find(|k| !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str())) {
-            return Err(ApiError::invalid(key, format!("unknown field `{key}`")).code("unknown_parameter"));
+            return Err(ApiError::new(ErrorKind::UnknownParameter, key, format!("unknown field `{key}`")));
         }
         let mut p = Params::default();
         for (key, v) in &map {

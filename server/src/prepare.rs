@@ -8,7 +8,7 @@ use specdec::grammar::Grammar;
 use specdec::serve::Job;
 use specdec::{Logprobs, SamplingConfig};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 use crate::params::{Endpoint, Params};
 use crate::State;
 
@@ -39,9 +39,7 @@ pub struct Prepared {
 pub fn prepare(state: &State, p: &Params, endpoint: Endpoint) -> Result<Prepared, ApiError> {
     if let Some(model) = p.model.as_deref().filter(|m| *m != state.model) {
         let message = format!("the model `{model}` does not exist: this server serves `{}`", state.model);
-        return Err(ApiError::invalid("model", message)
-            .code("model_not_found")
-            .status(axum::http::StatusCode::NOT_FOUND));
+        return Err(ApiError::new(ErrorKind::ModelNotFound, "model", message));
     }
     let (tools, tool_grammar) = tool_mode(p)?;
     let text = match endpoint {
@@ -61,7 +59,7 @@ pub fn prepare(state: &State, p: &Params, endpoint: Endpoint) -> Result<Prepared
     }
     if prompt.len() >= state.context {
         let message = format!("the prompt has {} tokens; the context holds {}", prompt.len(), state.context);
-        return Err(ApiError::invalid(param, message).code("context_length_exceeded"));
+        return Err(ApiError::new(ErrorKind::ContextLengthExceeded, param, message));
     }
     let room = state.context - prompt.len();
     let max_tokens = p.max_tokens.unwrap_or(room.min(state.default_max_tokens));
@@ -71,7 +69,7 @@ pub fn prepare(state: &State, p: &Params, endpoint: Endpoint) -> Result<Prepared
             prompt.len(),
             state.context
         );
-        return Err(ApiError::invalid("max_tokens", message).code("context_length_exceeded"));
+        return Err(ApiError::new(ErrorKind::ContextLengthExceeded, "max_tokens", message));
     }
     let mut sampling = sampling(state, p)?;
     let grammar = match tool_grammar {

@@ -45,6 +45,8 @@ struct Reply {
 /// Submits the job (once per choice, choice `i` seeded with the request's seed plus `i`; the
 /// later choices find the prompt in the prefix cache) and answers, streamed or whole.
 pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint: Endpoint) -> Response {
+    let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    let id = format!("{prefix}-{}", state.next());
     let n = p.n.max(1);
     let (mut receivers, mut cancels) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
@@ -60,8 +62,6 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
         }
         receivers.push(rx);
     }
-    let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
-    let id = format!("{prefix}-{}", state.next());
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let logprobs = p.logprobs.is_some();
     let reply = Arc::new(Reply {
@@ -74,7 +74,7 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
         logprobs,
     });
     match (p.stream, &reply.tools) {
-        (false, _) => match collect_all(receivers).await {
+        (false, _) => match collect_all(receivers, &reply.id).await {
             Ok(answers) => Json(reply.whole(&answers)).into_response(),
             Err(e) => e.into_response(),
         },
@@ -104,7 +104,7 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
             sse(stream::select_all(choices).chain(end).boxed())
         }
         (true, _) => {
-            let chunks = match collect_all(receivers).await {
+            let chunks = match collect_all(receivers, &reply.id).await {
                 Ok(answers) => reply.buffered(&answers),
                 Err(e) => vec![event(&e.body())],
             };
@@ -123,16 +123,16 @@ struct Answer {
 }
 
 /// Waits for every choice's whole answer, in order.
-async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>) -> Result<Vec<Answer>, ApiError> {
+async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>, id: &str) -> Result<Vec<Answer>, ApiError> {
     let mut answers = Vec::with_capacity(receivers.len());
     for rx in receivers {
-        answers.push(collect(rx).await?);
+        answers.push(collect(rx, id).await?);
     }
     Ok(answers)
 }
 
 /// Waits for the whole text, the log-probabilities and the outcome.
-async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
+async fn collect(mut rx: UnboundedReceiver<Event>, id: &str) -> Result<Answer, ApiError> {
     let (mut text, mut logprobs) = (String::new(), Vec::new());
     while let Some(e) = rx.recv().await {
         match e {
@@ -141,10 +141,10 @@ async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
                 logprobs.extend(l);
             }
             Event::Done(outcome) => return Ok(Answer { text, logprobs, outcome }),
-            Event::Failed(e) => return Err(ApiError::server(e.to_string())),
+            Event::Failed(e) => return Err(ApiError::failed(id, &e)),
         }
     }
-    Err(ApiError::server("the serving thread stopped".into()))
+    Err(ApiError::failed(id, &specdec::Error::NotReady("the serving thread stopped")))
 }
 
 /// A streamed choice's state between chunks.
@@ -194,7 +194,7 @@ async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
             }
             Event::Failed(e) => {
                 s.rx.close();
-                event(&ApiError::server(e.to_string()).body())
+                event(&ApiError::failed(&s.reply.id, &e).body())
             }
         };
         return Some((text, s));
