@@ -9,6 +9,7 @@ mod error;
 mod params;
 mod prepare;
 mod respond;
+mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

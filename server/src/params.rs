@@ -1,41 +1,13 @@
-//! A request body read field by field, so that an unknown or mistyped field is a 400 naming
-//! it; then checked against the model (context, vocabulary) before any work starts.
+//! A request body read into its serde type ([`Body`], `wire.rs`), so that an unknown or
+//! mistyped field is a 400 naming it; then checked across fields (what one endpoint takes and
+//! the other does not, fields that need another) before the model is consulted.
 
-use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::{json, Value};
 use specdec::chat::ChatMessage;
-use specdec::sampling::MAX_TOP_LOGPROBS;
 use specdec::LogprobMode;
 
 use crate::error::{ApiError, ErrorKind};
-
-/// The fields both endpoints take.
-const COMMON: &[&str] = &[
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "stream",
-    "stream_options",
-    "n",
-    "user",
-    "logprobs",
-    "logprobs_mode",
-    "response_format",
-];
-/// The fields only chat completions take.
-const CHAT: &[&str] =
-    &["messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs"];
-/// The fields only text completions take.
-const COMPLETION: &[&str] = &["prompt", "echo"];
+use crate::wire::{Body, Content, LogprobsField, LogprobsMode, Message, Part};
 
 /// Which endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,10 +16,7 @@ pub enum Endpoint {
     Completion,
 }
 
-/// The most choices one request may ask for (`n`).
-pub const MAX_CHOICES: usize = 16;
-
-/// What a request asks for, its fields read and checked one by one.
+/// What a request asks for, read from its [`Body`] and checked across fields.
 #[derive(Debug, Default)]
 pub struct Params {
     pub model: Option<String>,
@@ -74,216 +43,204 @@ pub struct Params {
     /// Log-probabilities asked for: the alternatives per token (chat's `logprobs: true` with
     /// `top_logprobs`, or a completion's `logprobs: N`).
     pub logprobs: Option<usize>,
-    /// Chat's `top_logprobs`, until it is checked against `logprobs`.
-    top_logprobs: Option<usize>,
     /// Which row they are read from (`logprobs_mode`: `raw`, the default, or `processed`).
     pub logprobs_mode: LogprobMode,
-}
-
-/// Reads field `key` as a `T`.
-fn field<T: DeserializeOwned>(key: &str, value: &Value) -> Result<T, ApiError> {
-    serde_json::from_value(value.clone()).map_err(|e| ApiError::invalid(key, format!("`{key}`: {e}")))
-}
-
-/// A number field within `range`.
-fn number(key: &str, value: &Value, lo: f32, hi: f32) -> Result<f32, ApiError> {
-    let v: f32 = field(key, value)?;
-    if !v.is_finite() || v < lo || v > hi {
-        return Err(ApiError::invalid(key, format!("`{key}` is {v}: expected a number from {lo} to {hi}")));
-    }
-    Ok(v)
 }
 
 impl Params {
     /// Reads a request body.
     ///
     /// # Errors
-    /// A 400 for a body that is not a JSON object, an unknown field, a field of the wrong
-    /// type or out of range, a missing `messages` or `prompt`.
+    /// A 400 for a body that is not a JSON object, an unknown field (or one of the other
+    /// endpoint), a field of the wrong type or out of range, a missing `messages` or `prompt`.
     pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Self, ApiError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::invalid("", format!("the body is not valid JSON: {e}")))?;
-        let Value::Object(map) = value else {
-            return Err(ApiError::invalid("", "the body must be a JSON object"));
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let body: Body = serde_path_to_error::deserialize(&mut de).map_err(read_error)?;
+        de.end().map_err(|e| ApiError::invalid("", format!("the body is not valid JSON: {}", without_position(&e))))?;
+        Self::from_body(body, endpoint)
+    }
+
+    fn from_body(b: Body, endpoint: Endpoint) -> Result<Self, ApiError> {
+        let others: &[(&str, bool)] = match endpoint {
+            Endpoint::Chat => &[("prompt", b.prompt.is_some()), ("echo", b.echo.is_some())],
+            Endpoint::Completion => &[
+                ("messages", b.messages.is_some()),
+                ("max_completion_tokens", b.max_completion_tokens.is_some()),
+                ("tools", b.tools.is_some()),
+                ("tool_choice", b.tool_choice.is_some()),
+                ("parallel_tool_calls", b.parallel_tool_calls.is_some()),
+                ("top_logprobs", b.top_logprobs.is_some()),
+            ],
         };
-        let own = if endpoint == Endpoint::Chat { CHAT } else { COMPLETION };
-        if let Some(key) = map.keys().find(|k| !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str())) {
+        if let Some((key, _)) = others.iter().find(|(_, given)| *given) {
             return Err(ApiError::new(ErrorKind::UnknownParameter, key, format!("unknown field `{key}`")));
         }
-        let mut p = Params::default();
-        for (key, v) in &map {
-            if v.is_null() {
-                continue;
-            }
-            p.read(key, v, &map)?;
+        if b.echo == Some(true) {
+            return Err(ApiError::invalid("echo", "`echo` is not supported"));
         }
-        match (p.logprobs, p.top_logprobs) {
-            (None, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
-            (Some(_), Some(top)) => p.logprobs = Some(top),
-            _ => {}
+        let stream = b.stream.unwrap_or(false);
+        if b.stream_options.is_some() && !stream {
+            return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream: true`"));
         }
-        match endpoint {
-            Endpoint::Chat if !map.contains_key("messages") => {
-                Err(ApiError::invalid("messages", "`messages` is required"))
+        let logprobs = match (b.logprobs, b.top_logprobs) {
+            (None | Some(LogprobsField::Flag(false)), Some(_)) => {
+                return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"))
             }
-            Endpoint::Chat if p.messages.is_empty() => Err(ApiError::invalid("messages", "`messages` is empty")),
-            Endpoint::Completion if !map.contains_key("prompt") => {
-                Err(ApiError::invalid("prompt", "`prompt` is required"))
+            (Some(LogprobsField::Flag(true)), top) => Some(top.map_or(0, |t| t.0)),
+            (Some(LogprobsField::Alternatives(n)), _) => Some(n.0),
+            _ => None,
+        };
+        let messages = match (endpoint, b.messages) {
+            (Endpoint::Chat, None) => return Err(ApiError::invalid("messages", "`messages` is required")),
+            (Endpoint::Chat, Some(m)) if m.is_empty() => {
+                return Err(ApiError::invalid("messages", "`messages` is empty"))
             }
-            _ => Ok(p),
-        }
-    }
-
-    fn read(&mut self, key: &str, v: &Value, map: &Map<String, Value>) -> Result<(), ApiError> {
-        match key {
-            "model" => self.model = Some(field(key, v)?),
-            "messages" => self.messages = messages(v)?,
-            "prompt" => self.prompt = prompt(v)?,
-            "max_tokens" | "max_completion_tokens" => {
-                let n: usize = field(key, v)?;
-                if n == 0 {
-                    return Err(ApiError::invalid(key, format!("`{key}` must be at least 1")));
-                }
-                self.max_tokens = Some(n);
-            }
-            "temperature" => self.temperature = Some(number(key, v, 0.0, 2.0)?),
-            "top_p" => {
-                let p = number(key, v, 0.0, 1.0)?;
-                if p == 0.0 {
-                    return Err(ApiError::invalid(key, "`top_p` must be above 0"));
-                }
-                self.top_p = Some(p);
-            }
-            "top_k" => self.top_k = Some(field(key, v)?),
-            "min_p" => self.min_p = Some(number(key, v, 0.0, 1.0)?),
-            "seed" => self.seed = Some(field::<i64>(key, v)? as u64),
-            "stop" => {
-                self.stop = match v {
-                    Value::String(s) => vec![s.clone()],
-                    _ => field(key, v)?,
-                };
-                if self.stop.len() > 4 {
-                    return Err(ApiError::invalid(key, "`stop` takes at most 4 strings"));
-                }
-            }
-            "presence_penalty" => self.presence_penalty = Some(number(key, v, -2.0, 2.0)?),
-            "frequency_penalty" => self.frequency_penalty = Some(number(key, v, -2.0, 2.0)?),
-            "repetition_penalty" => self.repetition_penalty = Some(number(key, v, 0.01, 10.0)?),
-            "logit_bias" => {
-                let bias: Map<String, Value> = field(key, v)?;
-                for (token, b) in &bias {
-                    let id = token
-                        .parse::<u32>()
-                        .map_err(|_| ApiError::invalid(key, format!("`logit_bias` key {token:?} is not a token id")))?;
-                    self.logit_bias.push((id, number(key, b, -100.0, 100.0)?));
-                }
-            }
-            "stream" => self.stream = field(key, v)?,
-            "stream_options" => {
-                let o: Map<String, Value> = field(key, v)?;
-                if !map.get("stream").and_then(Value::as_bool).unwrap_or(false) {
-                    return Err(ApiError::invalid(key, "`stream_options` needs `stream: true`"));
-                }
-                for (k, x) in &o {
-                    match k.as_str() {
-                        "include_usage" => self.include_usage = field("stream_options.include_usage", x)?,
-                        other => {
-                            return Err(ApiError::invalid(
-                                "stream_options",
-                                format!("unknown field `stream_options.{other}`"),
-                            ))
-                        }
-                    }
-                }
-            }
-            "n" => match field::<usize>(key, v)? {
-                n @ 1..=MAX_CHOICES => self.n = n,
-                _ => return Err(ApiError::invalid(key, format!("`n` must be between 1 and {MAX_CHOICES}"))),
+            (_, m) => m.unwrap_or_default().into_iter().map(chat_message).collect(),
+        };
+        let prompt = match (endpoint, b.prompt) {
+            (Endpoint::Completion, None) => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+            (_, p) => p.map(|p| p.0).unwrap_or_default(),
+        };
+        Ok(Params {
+            model: b.model,
+            messages,
+            prompt,
+            max_tokens: b.max_tokens.or(b.max_completion_tokens).map(|n| n.0),
+            temperature: b.temperature.map(|t| t.0),
+            top_p: b.top_p.map(|t| t.0),
+            top_k: b.top_k,
+            min_p: b.min_p.map(|t| t.0),
+            seed: b.seed.map(|s| s as u64),
+            stop: b.stop.map(|s| s.0).unwrap_or_default(),
+            presence_penalty: b.presence_penalty.map(|t| t.0),
+            frequency_penalty: b.frequency_penalty.map(|t| t.0),
+            repetition_penalty: b.repetition_penalty.map(|t| t.0),
+            logit_bias: b.logit_bias.unwrap_or_default().into_iter().map(|(t, bias)| (t, bias.0)).collect(),
+            stream,
+            include_usage: b.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            n: b.n.map_or(1, |n| n.0),
+            response_format: b.response_format,
+            tools: b.tools.unwrap_or_default(),
+            tool_choice: b.tool_choice,
+            logprobs,
+            logprobs_mode: match b.logprobs_mode {
+                Some(LogprobsMode::Processed) => LogprobMode::Processed,
+                _ => LogprobMode::Raw,
             },
-            // Chat's `logprobs: true`, or a completion's number of alternatives.
-            "logprobs" => match v {
-                Value::Bool(asked) => self.logprobs = asked.then_some(0),
-                _ => self.logprobs = Some(alternatives(key, v)?),
-            },
-            "top_logprobs" => self.top_logprobs = Some(alternatives(key, v)?),
-            "logprobs_mode" => {
-                self.logprobs_mode = match field::<String>(key, v)?.as_str() {
-                    "raw" => LogprobMode::Raw,
-                    "processed" => LogprobMode::Processed,
-                    other => {
-                        return Err(ApiError::invalid(
-                            key,
-                            format!("`logprobs_mode` is {other:?}: expected raw or processed"),
-                        ))
-                    }
-                }
-            }
-            "response_format" => self.response_format = Some(v.clone()),
-            "tools" => self.tools = field(key, v)?,
-            "tool_choice" => self.tool_choice = Some(v.clone()),
-            // Accepted and without effect: `user`, `parallel_tool_calls`, `echo` false.
-            "echo" if field::<bool>(key, v)? => return Err(ApiError::invalid(key, "`echo` is not supported")),
-            _ => {}
-        }
-        Ok(())
-    }
-}
-
-/// A count of alternatives per token: 0 to 20.
-fn alternatives(key: &str, v: &Value) -> Result<usize, ApiError> {
-    match field::<usize>(key, v)? {
-        n @ 0..=MAX_TOP_LOGPROBS => Ok(n),
-        n => Err(ApiError::invalid(key, format!("`{key}` is {n}: expected 0 to {MAX_TOP_LOGPROBS}"))),
-    }
-}
-
-/// `messages`: role and content (a string or text parts); an assistant's `tool_calls` are
-/// written into its content the way Qwen-style templates show them.
-fn messages(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
-    let list: Vec<Map<String, Value>> = field("messages", v)?;
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let at = |what: &str| ApiError::invalid("messages", format!("`messages[{i}]`: {what}"));
-            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| at("`role` is missing"))?;
-            if !["system", "developer", "user", "assistant", "tool"].contains(&role) {
-                return Err(at(&format!("unknown role {role:?}")));
-            }
-            let mut content = match m.get("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => Ok(t),
-                        _ => Err(at("only text content parts are supported")),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .concat(),
-                Some(_) => return Err(at("`content` must be a string or a list of text parts")),
-            };
-            if let Some(Value::Array(calls)) = m.get("tool_calls") {
-                for call in calls {
-                    let f = &call["function"];
-                    let args = match &f["arguments"] {
-                        Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
-                        other => other.clone(),
-                    };
-                    let call = serde_json::json!({ "name": f["name"], "arguments": args });
-                    content.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
-                }
-            }
-            let role = if role == "developer" { "system" } else { role };
-            Ok(ChatMessage::new(role, content))
         })
-        .collect()
+    }
 }
 
-/// `prompt`: a string, or a list of one string.
-fn prompt(v: &Value) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => Ok(a[0].as_str().unwrap_or_default().to_string()),
-        _ => Err(ApiError::invalid("prompt", "`prompt` must be a string (or a list of one string)")),
+/// A 400 for a body its type refused, naming the field at fault (the top-level one, as
+/// OpenAI's `param` does), `unknown_parameter` for a field the API does not have.
+fn read_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    let message = without_position(&inner);
+    if let Some(name) = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
+        // The path names the field, or the object that holds it.
+        let key = match path.trim_start_matches('.') {
+            "" => name.to_string(),
+            within if within.ends_with(name) => within.to_string(),
+            within => format!("{within}.{name}"),
+        };
+        let param = key.split(['.', '[']).next().unwrap_or(name).to_string();
+        return ApiError::new(ErrorKind::UnknownParameter, &param, format!("unknown field `{key}`"));
+    }
+    let param = path.split(['.', '[']).next().unwrap_or_default();
+    if !param.is_empty() && !inner.is_eof() {
+        return ApiError::invalid(param, format!("`{path}`: {message}"));
+    }
+    if inner.is_syntax() || inner.is_eof() {
+        return ApiError::invalid("", format!("the body is not valid JSON: {message}"));
+    }
+    ApiError::invalid("", format!("the body must be a JSON object of the request's fields: {message}"))
+}
+
+/// serde_json's message without its " at line L column C".
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// A message as the chat template reads it: text parts joined; an assistant's `tool_calls`
+/// written into its content the way Qwen-style templates show them.
+fn chat_message(m: Message) -> ChatMessage {
+    let mut content = match m.content {
+        None => String::new(),
+        Some(Content::Text(s)) => s,
+        Some(Content::Parts(parts)) => parts.into_iter().map(|Part::Text { text }| text).collect(),
+    };
+    for call in m.tool_calls.unwrap_or_default() {
+        let args = match call.function.arguments {
+            Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+            other => other,
+        };
+        let call = json!({ "name": call.function.name, "arguments": args });
+        content.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
+    }
+    ChatMessage::new(m.role.template_name(), content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `param` and message of the error `body` gets from the chat endpoint.
+    fn refused(body: &str) -> (Option<String>, ErrorKind, String) {
+        let e = Params::parse(body.as_bytes(), Endpoint::Chat).expect_err(body);
+        (e.param, e.kind, e.message)
+    }
+
+    #[test]
+    fn each_refused_field_is_named() {
+        let chat = |extra: &str| format!(r#"{{"messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#);
+        for (extra, param, kind) in [
+            (r#", "frobnicate": 1"#, "frobnicate", ErrorKind::UnknownParameter),
+            (r#", "prompt": "x""#, "prompt", ErrorKind::UnknownParameter),
+            (r#", "stream": true, "stream_options": {"nope": 1}"#, "stream_options", ErrorKind::UnknownParameter),
+            (r#", "temperature": "hot""#, "temperature", ErrorKind::Invalid),
+            (r#", "temperature": 2.5"#, "temperature", ErrorKind::Invalid),
+            (r#", "top_p": 0"#, "top_p", ErrorKind::Invalid),
+            (r#", "n": 17"#, "n", ErrorKind::Invalid),
+            (r#", "max_tokens": -5"#, "max_tokens", ErrorKind::Invalid),
+            (r#", "stop": ["a", "b", "c", "d", "e"]"#, "stop", ErrorKind::Invalid),
+            (r#", "logit_bias": {"x": 1}"#, "logit_bias", ErrorKind::Invalid),
+            (r#", "logprobs": true, "top_logprobs": 21"#, "top_logprobs", ErrorKind::Invalid),
+            (r#", "top_logprobs": 2"#, "top_logprobs", ErrorKind::Invalid),
+            (r#", "logprobs_mode": "cooked""#, "logprobs_mode", ErrorKind::Invalid),
+            (r#", "stream_options": {"include_usage": true}"#, "stream_options", ErrorKind::Invalid),
+        ] {
+            let (got, got_kind, message) = refused(&chat(extra));
+            assert_eq!((got.as_deref(), got_kind), (Some(param), kind), "{extra}: {message}");
+            assert!(!message.contains("line 1") && !message.contains("expected one of"), "{message}");
+        }
+        let (param, _, message) = refused(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#);
+        assert_eq!(param.as_deref(), Some("messages"), "{message}");
+        assert_eq!(refused("[1, 2]").0, None);
+        assert_eq!(refused("{\"model\": ").0, None);
+    }
+
+    #[test]
+    fn a_body_reads_into_its_params() -> Result<(), ApiError> {
+        let body = r#"{"messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+              "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}],
+            "max_completion_tokens": 7, "temperature": 0, "stop": "END", "logit_bias": {"5": -100},
+            "logprobs": true, "top_logprobs": 4, "logprobs_mode": "processed", "user": "u", "seed": null}"#;
+        let p = Params::parse(body.as_bytes(), Endpoint::Chat)?;
+        assert_eq!(p.messages[0], ChatMessage::new("system", "Be brief."));
+        assert_eq!(p.messages[1].content, "<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":1}}\n</tool_call>");
+        assert_eq!(
+            (p.max_tokens, p.temperature, p.stop, p.logit_bias),
+            (Some(7), Some(0.0), vec!["END".to_string()], vec![(5, -100.0)])
+        );
+        assert_eq!((p.logprobs, p.logprobs_mode, p.seed, p.n), (Some(4), LogprobMode::Processed, None, 1));
+        let p = Params::parse(br#"{"prompt": ["once"], "logprobs": 3}"#, Endpoint::Completion)?;
+        assert_eq!((p.prompt.as_str(), p.logprobs), ("once", Some(3)));
+        Ok(())
     }
 }
