@@ -49,6 +49,10 @@ pub struct State {
     pub context: usize,
     /// `max_tokens` when a request gives none (at most the room left in the context).
     pub default_max_tokens: usize,
+    /// The most events (text deltas) a request's stream holds for a client that does not
+    /// read them (beyond what the socket holds); a client that falls further behind has its
+    /// request ended, so that it cannot grow the server's memory (default 1024).
+    pub stream_buffer: usize,
     /// Unix seconds at start.
     pub started: u64,
     counter: AtomicU64,
@@ -67,6 +71,7 @@ impl State {
             vocab,
             context,
             default_max_tokens: 1024,
+            stream_buffer: 1024,
             started,
             counter: AtomicU64::new(0),
         }

@@ -61,6 +61,10 @@ struct Args {
     /// `max_tokens` of a request that gives none.
     #[arg(long, default_value_t = 1024)]
     default_max_tokens: usize,
+    /// The most text deltas a stream holds for a client that does not read them (beyond the
+    /// socket's buffers); a client further behind has its request ended (at least 1).
+    #[arg(long, default_value_t = 1024)]
+    stream_buffer: usize,
     /// The prefix cache's budget in MiB (0: none): both models' states for earlier prompts
     /// and answers, so that a resent conversation prefills only what is new (same output).
     #[arg(long, default_value_t = 1024)]
@@ -128,6 +132,8 @@ async fn main() -> Result<()> {
     let name = args.model_name.clone().unwrap_or_else(|| files.name());
     let mut state = State::new(server, tokenizer, name.clone(), vocab, context);
     state.default_max_tokens = args.default_max_tokens;
+    anyhow::ensure!(args.stream_buffer > 0, "--stream-buffer must be at least 1");
+    state.stream_buffer = args.stream_buffer;
     let state = Arc::new(state);
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;

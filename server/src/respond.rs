@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -14,9 +15,10 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 use specdec::serve::{CancelHandle, Event, Outcome, Sink};
 use specdec::{FinishReason, TokenLogprob};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{channel, Receiver, Sender};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 use crate::params::{Endpoint, Params};
 use crate::prepare::{tool_calls, Prepared, Tools};
 use crate::State;
@@ -49,10 +51,10 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
     let id = format!("{prefix}-{}", state.next());
     let n = p.n.max(1);
     let (mut receivers, mut cancels) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let overrun = Arc::new(AtomicBool::new(false));
     for i in 0..n {
-        let (tx, rx) = unbounded_channel();
-        let sink: Sink =
-            Box::new(move |e| if tx.send(e).is_ok() { ControlFlow::Continue(()) } else { ControlFlow::Break(()) });
+        let (tx, rx) = channel(state.stream_buffer.max(1));
+        let sink = bounded_sink(tx, overrun.clone());
         let mut job = prepared.job.clone();
         let seed = job.request.sampling.seed().wrapping_add(i as u64);
         job.request.sampling = job.request.sampling.with_seed(seed);
@@ -74,7 +76,7 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
         logprobs,
     });
     match (p.stream, &reply.tools) {
-        (false, _) => match collect_all(receivers, &reply.id).await {
+        (false, _) => match collect_all(receivers, &reply.id, &overrun).await {
             Ok(answers) => Json(reply.whole(&answers)).into_response(),
             Err(e) => e.into_response(),
         },
@@ -91,6 +93,8 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
                     index,
                     outcomes: outcomes.clone(),
                     logprobs: Vec::new(),
+                    overrun: overrun.clone(),
+                    ended: false,
                 };
                 stream::unfold(s, next_chunk).boxed()
             });
@@ -104,7 +108,7 @@ pub async fn respond(state: Arc<State>, p: Params, prepared: Prepared, endpoint:
             sse(stream::select_all(choices).chain(end).boxed())
         }
         (true, _) => {
-            let chunks = match collect_all(receivers, &reply.id).await {
+            let chunks = match collect_all(receivers, &reply.id, &overrun).await {
                 Ok(answers) => reply.buffered(&answers),
                 Err(e) => vec![event(&e.body())],
             };
@@ -122,17 +126,37 @@ struct Answer {
     outcome: Outcome,
 }
 
-/// Waits for every choice's whole answer, in order.
-async fn collect_all(receivers: Vec<UnboundedReceiver<Event>>, id: &str) -> Result<Vec<Answer>, ApiError> {
-    let mut answers = Vec::with_capacity(receivers.len());
-    for rx in receivers {
-        answers.push(collect(rx, id).await?);
+/// The sink of one choice: its events into a channel of bounded size. A listener that falls
+/// that far behind (a client that stopped reading its stream) ends the request, `overrun`
+/// telling it why, rather than growing the server's memory; a listener gone ends it too.
+fn bounded_sink(tx: Sender<Event>, overrun: Arc<AtomicBool>) -> Sink {
+    Box::new(move |e| match tx.try_send(e) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(TrySendError::Full(_)) => {
+            overrun.store(true, Ordering::Relaxed);
+            ControlFlow::Break(())
+        }
+        Err(TrySendError::Closed(_)) => ControlFlow::Break(()),
+    })
+}
+
+/// The error of a request whose client fell too far behind.
+fn overrun_error() -> ApiError {
+    let message = "the stream was ended: the client fell too far behind reading it (see --stream-buffer)";
+    ApiError::new(ErrorKind::Internal, "", message)
+}
+
+/// Waits for every choice's whole answer, all at once (each drains its own channel).
+async fn collect_all(receivers: Vec<Receiver<Event>>, id: &str, overrun: &AtomicBool) -> Result<Vec<Answer>, ApiError> {
+    let answers = futures_util::future::try_join_all(receivers.into_iter().map(|rx| collect(rx, id))).await;
+    match answers {
+        Err(_) if overrun.load(Ordering::Relaxed) => Err(overrun_error()),
+        other => other,
     }
-    Ok(answers)
 }
 
 /// Waits for the whole text, the log-probabilities and the outcome.
-async fn collect(mut rx: UnboundedReceiver<Event>, id: &str) -> Result<Answer, ApiError> {
+async fn collect(mut rx: Receiver<Event>, id: &str) -> Result<Answer, ApiError> {
     let (mut text, mut logprobs) = (String::new(), Vec::new());
     while let Some(e) = rx.recv().await {
         match e {
@@ -149,7 +173,7 @@ async fn collect(mut rx: UnboundedReceiver<Event>, id: &str) -> Result<Answer, A
 
 /// A streamed choice's state between chunks.
 struct Streaming {
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver<Event>,
     reply: Arc<Reply>,
     /// Held for its drop.
     _cancel: CancelOnDrop,
@@ -160,6 +184,10 @@ struct Streaming {
     outcomes: Arc<std::sync::Mutex<Vec<Outcome>>>,
     /// Log-probabilities of tokens whose text is still held back, for the next chunk.
     logprobs: Vec<TokenLogprob>,
+    /// Set when the request was ended because this client fell too far behind.
+    overrun: Arc<AtomicBool>,
+    /// Whether the choice's last chunk was sent.
+    ended: bool,
 }
 
 /// The next SSE text of one choice: the role chunk first (chat), then one per delta with
@@ -173,7 +201,15 @@ async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
         }
     }
     loop {
-        let text = match s.rx.recv().await? {
+        if s.ended {
+            return None;
+        }
+        let Some(next) = s.rx.recv().await else {
+            // The request ended without its outcome: say why, once.
+            s.ended = true;
+            return s.overrun.load(Ordering::Relaxed).then(|| (event(&overrun_error().body()), s));
+        };
+        let text = match next {
             Event::Delta { text, logprobs, .. } if text.is_empty() => {
                 s.logprobs.extend(logprobs);
                 continue;
@@ -418,4 +454,31 @@ fn timings(o: &Outcome) -> Value {
             "prefill_tokens_per_second": s.prefill_tok_s(),
             "acceptance_rate": s.acceptance_rate(), "tokens_per_target_call": per_call,
             "drafted": s.drafted, "accepted": s.accepted, "target_calls": s.target_calls })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta() -> Event {
+        Event::Delta { tokens: vec![1], text: "a".into(), logprobs: Vec::new() }
+    }
+
+    #[test]
+    fn a_client_that_does_not_read_ends_its_request_at_the_bound() {
+        let (tx, rx) = channel(2);
+        let overrun = Arc::new(AtomicBool::new(false));
+        let mut sink = bounded_sink(tx, overrun.clone());
+        assert!(sink(delta()).is_continue() && sink(delta()).is_continue());
+        assert!(!overrun.load(Ordering::Relaxed));
+        assert!(sink(delta()).is_break(), "a third event past a bound of 2");
+        assert!(overrun.load(Ordering::Relaxed));
+        assert_eq!(rx.len(), 2, "nothing held past the bound");
+
+        let (tx, rx) = channel(2);
+        let gone = Arc::new(AtomicBool::new(false));
+        let mut sink = bounded_sink(tx, gone.clone());
+        drop(rx);
+        assert!(sink(delta()).is_break() && !gone.load(Ordering::Relaxed), "a listener gone is not an overrun");
+    }
 }
