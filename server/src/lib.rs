@@ -5,6 +5,7 @@
 //! batch-aware k. Errors are OpenAI's error bodies with a 4xx status; a request that fails
 //! while running is a 500 for that request alone.
 
+mod answer;
 mod error;
 mod params;
 mod prepare;
@@ -22,11 +23,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::json;
 use specdec::grammar::GrammarVocab;
 use specdec::serve::Server;
 use specdec::Tokenizer;
 
+use answer::{Health, Model, ModelList};
 pub use error::{ApiError, ErrorKind};
 use params::{Endpoint, Params};
 
@@ -95,7 +96,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/health", get(|| async { Json(Health { status: "ok" }) }))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(ErrorKind::NotFound, "", "no such route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -134,11 +135,9 @@ async fn run(state: Arc<State>, body: Result<Bytes, BytesRejection>, endpoint: E
     }
 }
 
-async fn models(Extract(state): Extract<Arc<State>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{ "id": state.model, "object": "model", "created": state.started, "owned_by": "specdec" }]
-    }))
+async fn models(Extract(state): Extract<Arc<State>>) -> Response {
+    let model = Model { id: &state.model, object: "model", created: state.started, owned_by: "specdec" };
+    Json(ModelList { object: "list", data: [model] }).into_response()
 }
 
 async fn metrics(Extract(state): Extract<Arc<State>>) -> impl IntoResponse {

@@ -8,6 +8,7 @@ use specdec::grammar::Grammar;
 use specdec::serve::Job;
 use specdec::{Logprobs, SamplingConfig};
 
+use crate::answer::{FunctionCall, ToolCall};
 use crate::error::{ApiError, ErrorKind};
 use crate::params::{Endpoint, Params};
 use crate::State;
@@ -207,11 +208,11 @@ fn tool_mode(p: &Params) -> Result<(Tools, Option<Grammar>), ApiError> {
 
 /// The tool calls in an output, and the text left: the whole output for a forced call,
 /// `<tool_call>` blocks for the others. `None` when the output holds no call.
-pub fn tool_calls(text: &str, tools: &Tools, ids: &mut dyn FnMut() -> String) -> Option<(Vec<Value>, String)> {
-    let call = |v: Value, id: String| -> Option<Value> {
+pub fn tool_calls(text: &str, tools: &Tools, ids: &mut dyn FnMut() -> String) -> Option<(Vec<ToolCall>, String)> {
+    let call = |v: Value, id: String| -> Option<ToolCall> {
         let name = v.get("name")?.as_str()?.to_string();
-        let args = v.get("arguments").cloned().unwrap_or(json!({}));
-        Some(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": args.to_string() } }))
+        let arguments = v.get("arguments").cloned().unwrap_or(json!({})).to_string();
+        Some(ToolCall { index: None, id, kind: "function", function: FunctionCall { name, arguments } })
     };
     match tools {
         Tools::None => None,

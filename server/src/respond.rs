@@ -12,12 +12,15 @@ use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
-use serde_json::{json, Value};
+use serde::Serialize;
 use specdec::serve::{CancelHandle, Event, Outcome, Sink};
 use specdec::{FinishReason, TokenLogprob};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::{channel, Receiver, Sender};
 
+use crate::answer::{
+    ChatLogprob, Choice, ChoiceBody, Delta, Envelope, Logprobs, Message, PromptDetails, Timings, TokenValue, Usage,
+};
 use crate::error::{ApiError, ErrorKind};
 use crate::params::{Endpoint, Params};
 use crate::prepare::{tool_calls, Prepared, Tools};
@@ -196,8 +199,7 @@ async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
     if !s.started {
         s.started = true;
         if s.reply.endpoint == Endpoint::Chat {
-            let first = s.reply.chunk(s.index, json!({ "role": "assistant", "content": "" }), None);
-            return Some((event(&first), s));
+            return Some((event(&s.reply.role_chunk(s.index)), s));
         }
     }
     loop {
@@ -217,11 +219,11 @@ async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
             Event::Delta { text, logprobs, .. } => {
                 s.logprobs.extend(logprobs);
                 let logprobs = std::mem::take(&mut s.logprobs);
-                event(&s.reply.chunk_with(s.index, s.reply.content(&text), None, &logprobs))
+                event(&s.reply.chunk(s.index, s.reply.piece(&text), None, &logprobs))
             }
             Event::Done(outcome) => {
                 let (finish, logprobs) = (Some(finish_reason(&outcome, false)), std::mem::take(&mut s.logprobs));
-                let last = s.reply.chunk_with(s.index, s.reply.content(""), finish, &logprobs);
+                let last = s.reply.chunk(s.index, s.reply.piece(""), finish, &logprobs);
                 if let Ok(mut o) = s.outcomes.lock() {
                     o.push(outcome);
                 }
@@ -242,8 +244,8 @@ fn sse(chunks: stream::BoxStream<'static, String>) -> Response {
     ([("content-type", "text/event-stream"), ("cache-control", "no-cache")], body).into_response()
 }
 
-fn event(v: &Value) -> String {
-    format!("data: {v}\n\n")
+fn event(v: &impl Serialize) -> String {
+    format!("data: {}\n\n", serde_json::to_string(v).unwrap_or_default())
 }
 
 fn done() -> String {
@@ -261,43 +263,39 @@ fn finish_reason(o: &Outcome, called: bool) -> &'static str {
 
 impl Reply {
     /// The whole answer: one choice per answer.
-    fn whole(&self, answers: &[Answer]) -> Value {
-        let choices: Vec<Value> = (answers.iter().enumerate())
-            .map(|(i, a)| {
-                let logprobs = self.logprobs(&a.logprobs);
-                match self.endpoint {
+    fn whole(&self, answers: &[Answer]) -> Envelope<'_> {
+        let choices = (answers.iter().enumerate())
+            .map(|(index, a)| {
+                let (body, called) = match self.endpoint {
                     Endpoint::Chat => {
                         let (message, called) = self.message(&a.text);
-                        let finish = finish_reason(&a.outcome, called);
-                        json!({ "index": i, "message": message, "finish_reason": finish, "logprobs": logprobs })
+                        (ChoiceBody::Message(message), called)
                     }
-                    Endpoint::Completion => {
-                        let finish = finish_reason(&a.outcome, false);
-                        json!({ "index": i, "text": a.text, "finish_reason": finish, "logprobs": logprobs })
-                    }
-                }
+                    Endpoint::Completion => (ChoiceBody::Text(a.text.clone()), false),
+                };
+                let finish = Some(finish_reason(&a.outcome, called));
+                Choice { index, body, finish_reason: finish, logprobs: self.logprobs(&a.logprobs) }
             })
             .collect();
         let outcomes: Vec<Outcome> = answers.iter().map(|a| a.outcome.clone()).collect();
-        let mut v = self.head();
-        v["choices"] = json!(choices);
-        v["usage"] = usage(&outcomes);
-        v["timings"] = timings(&outcomes[0]);
-        v
+        let mut answer = self.envelope(false, choices);
+        (answer.usage, answer.timings) = (Some(usage(&outcomes)), outcomes.first().map(timings));
+        answer
     }
 
     /// Whole answers as stream chunks (outputs read for tool calls).
     fn buffered(&self, answers: &[Answer]) -> Vec<String> {
         let mut out = Vec::new();
         for (i, Answer { text, logprobs, outcome: o }) in answers.iter().enumerate() {
-            let (mut delta, called) = self.message(text);
-            if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                for (j, c) in calls.iter_mut().enumerate() {
-                    c["index"] = json!(j);
-                }
+            let (message, called) = self.message(text);
+            let mut calls = message.tool_calls;
+            for (j, call) in calls.iter_mut().flatten().enumerate() {
+                call.index = Some(j);
             }
-            out.push(event(&self.chunk_with(i, delta, None, logprobs)));
-            out.push(event(&self.chunk(i, json!({}), Some(finish_reason(o, called)))));
+            let delta = Delta { role: Some(message.role), content: message.content, tool_calls: calls };
+            out.push(event(&self.chunk(i, ChoiceBody::Delta(delta), None, logprobs)));
+            let last = ChoiceBody::Delta(Delta::default());
+            out.push(event(&self.chunk(i, last, Some(finish_reason(o, called)), &[])));
         }
         if self.include_usage {
             let outcomes: Vec<Outcome> = answers.iter().map(|a| a.outcome.clone()).collect();
@@ -307,7 +305,7 @@ impl Reply {
     }
 
     /// The assistant's message for `text`, and whether it holds tool calls.
-    fn message(&self, text: &str) -> (Value, bool) {
+    fn message(&self, text: &str) -> (Message, bool) {
         let mut n = 0;
         let mut ids = || {
             n += 1;
@@ -315,55 +313,53 @@ impl Reply {
         };
         match tool_calls(text, &self.tools, &mut ids) {
             Some((calls, rest)) => {
-                let content = if rest.is_empty() { Value::Null } else { json!(rest) };
-                (json!({ "role": "assistant", "content": content, "tool_calls": calls }), true)
+                let content = (!rest.is_empty()).then_some(rest);
+                (Message { role: "assistant", content, tool_calls: Some(calls) }, true)
             }
-            None => (json!({ "role": "assistant", "content": text }), false),
+            None => (Message { role: "assistant", content: Some(text.to_string()), tool_calls: None }, false),
         }
     }
 
-    /// A delta's payload: chat's `delta` or a completion's text.
-    fn content(&self, text: &str) -> Value {
+    /// A chunk's payload for `text`: chat's delta or a completion's text.
+    fn piece(&self, text: &str) -> ChoiceBody {
         match self.endpoint {
-            Endpoint::Chat if text.is_empty() => json!({}),
-            Endpoint::Chat => json!({ "content": text }),
-            Endpoint::Completion => json!(text),
+            Endpoint::Chat => {
+                ChoiceBody::Delta(Delta { content: (!text.is_empty()).then(|| text.to_string()), ..Delta::default() })
+            }
+            Endpoint::Completion => ChoiceBody::Text(text.to_string()),
         }
     }
 
-    /// One stream chunk of choice `index`.
-    fn chunk(&self, index: usize, delta: Value, finish: Option<&str>) -> Value {
-        self.chunk_with(index, delta, finish, &[])
+    /// A chat stream's first chunk: the role.
+    fn role_chunk(&self, index: usize) -> Envelope<'_> {
+        let delta = Delta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
+        self.chunk(index, ChoiceBody::Delta(delta), None, &[])
     }
 
     /// One stream chunk of choice `index`, with the log-probabilities of its tokens.
-    fn chunk_with(&self, index: usize, delta: Value, finish: Option<&str>, logprobs: &[TokenLogprob]) -> Value {
-        let logprobs = self.logprobs(logprobs);
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({ "index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs }),
-            Endpoint::Completion => {
-                json!({ "index": index, "text": delta, "finish_reason": finish, "logprobs": logprobs })
-            }
-        };
-        let mut v = self.head_chunk();
-        v["choices"] = json!([choice]);
-        v
+    fn chunk(
+        &self,
+        index: usize,
+        body: ChoiceBody,
+        finish: Option<&'static str>,
+        logprobs: &[TokenLogprob],
+    ) -> Envelope<'_> {
+        let choice = Choice { index, body, finish_reason: finish, logprobs: self.logprobs(logprobs) };
+        self.envelope(true, vec![choice])
     }
 
     /// The last chunk of a stream with `include_usage`: no choices, the usage of all of them.
-    fn usage_chunk(&self, outcomes: &[Outcome]) -> Value {
-        let mut v = self.head_chunk();
-        v["choices"] = json!([]);
-        v["usage"] = usage(outcomes);
-        v["timings"] = timings(&outcomes[0]);
-        v
+    fn usage_chunk(&self, outcomes: &[Outcome]) -> Envelope<'_> {
+        let mut chunk = self.envelope(true, Vec::new());
+        (chunk.usage, chunk.timings) = (Some(usage(outcomes)), outcomes.first().map(timings));
+        chunk
     }
 
-    /// Tokens' log-probabilities in OpenAI's shape for the endpoint (`null` when not asked;
+    /// Tokens' log-probabilities in OpenAI's shape for the endpoint (`None` when not asked;
     /// end-of-turn tokens, which add no text, left out).
-    fn logprobs(&self, values: &[TokenLogprob]) -> Value {
+    fn logprobs(&self, values: &[TokenLogprob]) -> Option<Logprobs> {
         if !self.logprobs {
-            return Value::Null;
+            return None;
         }
         let stops = self.state.tokenizer.stop_ids();
         let values: Vec<&TokenLogprob> = values.iter().filter(|v| !stops.contains(&v.token)).collect();
@@ -374,56 +370,53 @@ impl Reply {
             }
         };
         let text = |id: u32| String::from_utf8_lossy(&bytes(id)).into_owned();
-        match self.endpoint {
-            Endpoint::Chat => {
-                let entry = |id: u32, logprob: f32| json!({ "token": text(id), "logprob": finite(logprob), "bytes": bytes(id) });
-                let content: Vec<Value> = values
+        let value = |id: u32, logprob: f32| TokenValue { token: text(id), logprob: finite(logprob), bytes: bytes(id) };
+        Some(match self.endpoint {
+            Endpoint::Chat => Logprobs::Chat {
+                content: values
                     .iter()
-                    .map(|v| {
-                        let mut e = entry(v.token, v.logprob);
-                        e["top_logprobs"] = v.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
-                        e
+                    .map(|v| ChatLogprob {
+                        token: value(v.token, v.logprob),
+                        top_logprobs: v.top.iter().map(|&(id, lp)| value(id, lp)).collect(),
                     })
-                    .collect();
-                json!({ "content": content })
-            }
+                    .collect(),
+            },
             Endpoint::Completion => {
                 let tokens: Vec<String> = values.iter().map(|v| text(v.token)).collect();
-                let offsets: Vec<usize> = tokens
+                let text_offset = tokens
                     .iter()
                     .scan(0, |at, t| {
                         *at += t.len();
                         Some(*at - t.len())
                     })
                     .collect();
-                let top: Vec<Value> = values
+                let top_logprobs = values
                     .iter()
-                    .map(|v| {
-                        v.top
-                            .iter()
-                            .map(|&(id, lp)| (text(id), json!(finite(lp))))
-                            .collect::<serde_json::Map<_, _>>()
-                            .into()
-                    })
+                    .map(|v| v.top.iter().map(|&(id, lp)| (text(id), finite(lp).into())).collect())
                     .collect();
-                let logprobs: Vec<f32> = values.iter().map(|v| finite(v.logprob)).collect();
-                json!({ "tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets })
+                let token_logprobs = values.iter().map(|v| finite(v.logprob)).collect();
+                Logprobs::Text { tokens, token_logprobs, top_logprobs, text_offset }
             }
-        }
+        })
     }
 
-    fn head(&self) -> Value {
-        let object = if self.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
-        json!({ "id": self.id, "object": object, "created": self.created, "model": self.state.model,
-                "system_fingerprint": concat!("specdec-", env!("CARGO_PKG_VERSION")) })
-    }
-
-    fn head_chunk(&self) -> Value {
-        let mut v = self.head();
-        if self.endpoint == Endpoint::Chat {
-            v["object"] = json!("chat.completion.chunk");
+    /// The envelope of an answer (`chunk` false) or a stream chunk.
+    fn envelope(&self, chunk: bool, choices: Vec<Choice>) -> Envelope<'_> {
+        let object = match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        };
+        Envelope {
+            id: &self.id,
+            object,
+            created: self.created,
+            model: &self.state.model,
+            system_fingerprint: concat!("specdec-", env!("CARGO_PKG_VERSION")),
+            choices,
+            usage: None,
+            timings: None,
         }
-        v
     }
 }
 
@@ -435,25 +428,35 @@ fn finite(logprob: f32) -> f32 {
 
 /// The usage of a request's choices: the prompt once, every choice's completion; the cached
 /// prompt tokens are the first choice's (the later ones find the prompt it prefilled).
-fn usage(outcomes: &[Outcome]) -> Value {
+fn usage(outcomes: &[Outcome]) -> Usage {
     let (prompt, cached) = outcomes.first().map_or((0, 0), |o| (o.prompt_tokens, o.stats.prefix_hit_tokens));
     let completion: usize = outcomes.iter().map(|o| o.completion_tokens).sum();
-    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": { "cached_tokens": cached } })
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        prompt_tokens_details: PromptDetails { cached_tokens: cached },
+    }
 }
 
 /// What the server adds to OpenAI's answer: time to first token, decoding speed, and how
 /// speculation went.
-fn timings(o: &Outcome) -> Value {
+fn timings(o: &Outcome) -> Timings {
     let s = &o.stats;
-    let per_s = if s.decode_secs > 0.0 { o.completion_tokens as f64 / s.decode_secs } else { 0.0 };
-    let per_call = if s.target_calls > 0 { s.new_tokens as f64 / s.target_calls as f64 } else { 0.0 };
-    json!({ "first_token_ms": o.first_token_secs * 1e3, "tokens_per_second": per_s,
-            "prompt_tokens": o.prompt_tokens, "cached_tokens": s.prefix_hit_tokens,
-            "prefill_tokens": s.prefill_tokens, "prefill_ms": s.prefill_secs * 1e3,
-            "prefill_tokens_per_second": s.prefill_tok_s(),
-            "acceptance_rate": s.acceptance_rate(), "tokens_per_target_call": per_call,
-            "drafted": s.drafted, "accepted": s.accepted, "target_calls": s.target_calls })
+    Timings {
+        first_token_ms: o.first_token_secs * 1e3,
+        tokens_per_second: if s.decode_secs > 0.0 { o.completion_tokens as f64 / s.decode_secs } else { 0.0 },
+        prompt_tokens: o.prompt_tokens,
+        cached_tokens: s.prefix_hit_tokens,
+        prefill_tokens: s.prefill_tokens,
+        prefill_ms: s.prefill_secs * 1e3,
+        prefill_tokens_per_second: s.prefill_tok_s(),
+        acceptance_rate: s.acceptance_rate(),
+        tokens_per_target_call: if s.target_calls > 0 { s.new_tokens as f64 / s.target_calls as f64 } else { 0.0 },
+        drafted: s.drafted,
+        accepted: s.accepted,
+        target_calls: s.target_calls,
+    }
 }
 
 #[cfg(test)]
