@@ -255,6 +255,7 @@ fn train_head(
         HeadKind::Eagle(EagleVersion::One) => ("eagle", "eagle"),
         HeadKind::Eagle(EagleVersion::Three) => ("eagle3", "eagle3"),
         HeadKind::Medusa(_) => ("medusa", "medusa"),
+        other => anyhow::bail!("no output folder for {other:?}"),
     };
     let (mut curve, started) = (Vec::new(), Instant::now());
     let mut report = |epoch: usize, loss: f64| -> specdec::Result<()> {

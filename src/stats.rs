@@ -262,6 +262,7 @@ impl std::ops::AddAssign<&Stats> for Stats {
 
 /// Tokens generated and what it took.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Generation {
     /// The new tokens (a stop token, when one ended the generation, is the last).
     pub tokens: Vec<u32>,
@@ -278,6 +279,7 @@ pub struct Generation {
 /// One emitted token's log-probability, and the most likely tokens of its row (see
 /// [`Logprobs`](crate::sampling::Logprobs) for which row).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct TokenLogprob {
     /// The token.
     pub token: u32,

@@ -18,12 +18,13 @@ const VOCAB: usize = 16;
 
 fn server(max_running: usize, max_queued: usize) -> Result<Server> {
     let ToyPair { target, draft } = MarkovModel::pair(VOCAB, 0.2, 7);
-    let config = ServeConfig { max_running, max_queued, policy: KPolicy::Fixed(3), ..ServeConfig::default() };
+    let mut config = ServeConfig::default();
+    (config.max_running, config.max_queued, config.policy) = (max_running, max_queued, KPolicy::Fixed(3));
     Server::start(config, None, move || Ok((target.clone(), draft.clone())))
 }
 
 fn job(prompt: Vec<u32>, sampling: SamplingConfig, n: usize) -> Job {
-    Job { request: Request::new(prompt).sampling(sampling).max_new_tokens(n), stop_strings: Vec::new() }
+    Job::new(Request::new(prompt).sampling(sampling).max_new_tokens(n), Vec::new())
 }
 
 /// A stream's tokens and its last event.

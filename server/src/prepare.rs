@@ -86,7 +86,7 @@ pub fn prepare(state: &State, p: &Params, endpoint: Endpoint) -> Result<Prepared
     }
     let request =
         Request::new(prompt).sampling(sampling).max_new_tokens(max_tokens).stop_tokens(state.tokenizer.stop_ids());
-    Ok(Prepared { job: Job { request, stop_strings: p.stop.clone() }, tools })
+    Ok(Prepared { job: Job::new(request, p.stop.clone()), tools })
 }
 
 /// Sampling settings: greedy at temperature 0 (OpenAI's default is 1). With a seed, sampling

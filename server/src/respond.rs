@@ -169,6 +169,8 @@ async fn collect(mut rx: Receiver<Event>, id: &str) -> Result<Answer, ApiError> 
             }
             Event::Done(outcome) => return Ok(Answer { text, logprobs, outcome }),
             Event::Failed(e) => return Err(ApiError::failed(id, &e)),
+            // Events a later library may add carry nothing these answers show.
+            _ => {}
         }
     }
     Err(ApiError::failed(id, &specdec::Error::NotReady("the serving thread stopped")))
@@ -234,6 +236,7 @@ async fn next_chunk(mut s: Streaming) -> Option<(String, Streaming)> {
                 s.rx.close();
                 event(&ApiError::failed(&s.reply.id, &e).body())
             }
+            _ => continue,
         };
         return Some((text, s));
     }

@@ -12,6 +12,7 @@ use crate::tree::TreeBudget;
 
 /// Whether rounds draft chains or trees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum TreePolicy {
     /// Chains only, k chosen by the [`KPolicy`](super::KPolicy) (the default).
     #[default]

@@ -43,6 +43,7 @@ pub const HUB_PREFIX: &str = "hf:";
 
 /// Where a model lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ModelFiles {
     /// One GGUF file holding weights, config and tokenizer.
     Gguf(PathBuf),

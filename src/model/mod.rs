@@ -253,6 +253,7 @@ pub trait TargetModel: TokenModel {
 
 /// What a drafter proposes as the next token.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Proposal {
     /// A logits row: the decoder applies the sampling settings and samples the draft token.
     Logits(Vec<f32>),

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 /// Which member of the llama family a model is: the same block with small additions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Family {
     /// Llama 2/3 without rope scaling, SmolLM2, TinyLlama, the tinyllamas stories models.
     #[default]

@@ -21,7 +21,8 @@ use crate::stats::TokenLogprob;
 /// The most alternatives a token may carry (OpenAI's bound).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-/// Which row a token's log-probability is read from (see the [module docs](self)).
+/// Which row a token's log-probability is read from: the raw logits, or the law the token was
+/// drawn from (see [`Logprobs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -35,6 +36,14 @@ pub enum LogprobMode {
 
 /// What a generation reports for each emitted token: its log-probability and the `top` most
 /// likely tokens of its row.
+///
+/// The values are read from the target's row at the token's position, which is the row plain
+/// decoding computes there, bit for bit (rows depend on neither the batch, the block nor the
+/// tree): they are plain decoding's values under any drafter, and cost no model call. In
+/// [`LogprobMode::Raw`] they are the log-softmax of the model's logits (what OpenAI returns);
+/// in [`LogprobMode::Processed`], the log of the law the token was drawn from (the logits
+/// processors, then temperature, top-k, min-p and top-p; at temperature 0, whose law is a
+/// point mass, the log-softmax of the processed logits, as vLLM does).
 ///
 /// # Example
 /// ```

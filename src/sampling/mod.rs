@@ -25,6 +25,25 @@ pub use process::{Counts, History, LogitsProcessor, ProcessorFactory};
 ///
 /// Temperature 0 means greedy decoding (argmax); top-k and top-p then change nothing.
 ///
+/// # The order of the steps
+/// A logits row becomes the law a token is drawn from in this order, for the draft's rows and
+/// the target's alike (the same steps on both is what keeps speculation exact):
+/// 1. the repetition penalty ([`with_repetition_penalty`](Self::with_repetition_penalty)),
+///    over every token of the prompt **and** the output (as HF and llama.cpp's
+///    `repeat_penalty` define it; llama.cpp counts only the last 64 tokens of the context by
+///    default, here the whole context counts);
+/// 2. the presence and frequency penalties ([`with_presence_penalty`](Self::with_presence_penalty),
+///    [`with_frequency_penalty`](Self::with_frequency_penalty)), over the **output** only, as
+///    OpenAI and vLLM count them;
+/// 3. the logit bias ([`with_logit_bias`](Self::with_logit_bias));
+/// 4. the banned tokens ([`with_banned`](Self::with_banned)), to `-inf`;
+/// 5. the custom processors ([`with_processor`](Self::with_processor), a grammar among them),
+///    in the order added;
+/// 6. then [`probs`](Self::probs): temperature, top-k, softmax, min-p, top-p, normalization.
+///
+/// "The output" is the tokens generated so far plus, inside a speculative round, those drafted
+/// before the position being scored: a plain decoder at that position sees the same.
+///
 /// # Example
 /// ```
 /// use specdec::SamplingConfig;

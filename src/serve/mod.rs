@@ -37,6 +37,7 @@ use crate::tokenizer::Tokenizer;
 
 /// Limits and the batch's k policy.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServeConfig {
     /// The most sequences generating at once (default 8).
     pub max_running: usize,
@@ -71,6 +72,7 @@ impl Default for ServeConfig {
 /// A request to serve: the tokens, sampling and stop rule of a batch [`Request`], and stop
 /// strings (the text ends before the first of them, even across token boundaries).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Job {
     /// Prompt, sampling settings with their seed, stop tokens and token limit.
     pub request: Request,
@@ -78,8 +80,16 @@ pub struct Job {
     pub stop_strings: Vec<String>,
 }
 
+impl Job {
+    /// A job for `request`, its text ending before the first of `stop_strings`.
+    pub fn new(request: Request, stop_strings: Vec<String>) -> Self {
+        Self { request, stop_strings }
+    }
+}
+
 /// What a request's stream carries.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Event {
     /// New tokens, and the text they complete (possibly empty: text held back while it may
     /// begin a stop string, or an unfinished character).

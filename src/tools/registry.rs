@@ -15,6 +15,7 @@ use crate::tools::ToolCall;
 /// What running a tool does to the world, and so whether it may be run speculatively.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Safety {
     /// No side effects (search, retrieval, pure computation): safe to run and discard.
     ReadOnly,

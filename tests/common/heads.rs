@@ -182,6 +182,7 @@ pub fn trained_heads(
             HeadKind::Eagle(EagleVersion::One) => DrafterSpec::Eagle(p),
             HeadKind::Eagle(EagleVersion::Three) => DrafterSpec::Eagle3(p),
             HeadKind::Medusa(_) => DrafterSpec::Medusa(p),
+            other => panic!("no drafter for {other:?}"),
         });
     }
     Ok(specs)

@@ -26,13 +26,21 @@ pub struct TestServer {
 /// Starts a server with `max_running` slots, `max_queued` queue places and a context of
 /// `ctx` tokens; `None` when the model file is missing (a failure under CI).
 pub fn start(max_running: usize, max_queued: usize, ctx: usize) -> Option<TestServer> {
-    start_with(ServeConfig { max_running, max_queued, ..ServeConfig::default() }, ctx)
+    start_with(config(max_running, max_queued), ctx)
 }
 
 /// A server as [`start`] makes it, that decodes plainly (`--drafter plain`).
 pub fn start_plain(max_running: usize, max_queued: usize, ctx: usize) -> Option<TestServer> {
-    let config = ServeConfig { max_running, max_queued, policy: specdec::KPolicy::Plain, ..ServeConfig::default() };
+    let mut config = config(max_running, max_queued);
+    config.policy = specdec::KPolicy::Plain;
     start_with(config, ctx)
+}
+
+/// The default settings with these limits.
+fn config(max_running: usize, max_queued: usize) -> ServeConfig {
+    let mut config = ServeConfig::default();
+    (config.max_running, config.max_queued) = (max_running, max_queued);
+    config
 }
 
 /// A server with `config` and a context of `ctx` tokens.

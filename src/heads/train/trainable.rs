@@ -18,6 +18,7 @@ use super::Vocab;
 
 /// What a [`Trainable`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeadKind {
     /// An EAGLE head of this generation.
     Eagle(EagleVersion),
