@@ -249,3 +249,27 @@ fn a_tokenizer_that_cannot_be_read_keeps_the_libraries_error_as_its_source() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A tensor of the wrong shape is a load error that names the file it was read from (and the
+/// tensor in its reason), not the tensor as if it were a file.
+#[test]
+fn a_tensor_of_the_wrong_shape_names_its_file() -> Result<()> {
+    let Some(gguf) = model_path(STORIES) else { return Ok(()) };
+    let dir = temp_dir("wrong-shape");
+    write_hf_checkpoint(&gguf, &dir)?;
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?).expect("JSON");
+    config["intermediate_size"] = serde_json::json!(config["intermediate_size"].as_u64().unwrap_or(0) + 1);
+    std::fs::write(&path, config.to_string())?;
+    let err =
+        ModelFiles::HfDir(dir.clone()).load(WeightFormat::F32, &Device::Cpu).map(drop).expect_err("a wrong shape");
+    match &err {
+        Error::Load { path, reason, .. } => {
+            assert_eq!(path, &dir, "{err}");
+            assert!(reason.contains("mlp") || reason.contains("ffn"), "{err}");
+        }
+        other => panic!("not a load error: {other}"),
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}

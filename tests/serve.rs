@@ -61,8 +61,8 @@ fn every_request_gets_what_plain_decoding_gives_it() -> Result<()> {
         assert_eq!(tokens, plain(&[1 + i as u32 % 7, 3], settings(i as u64)?, 40)?, "request {i}");
     }
     let m = server.metrics();
-    assert_eq!((m.requests, m.finished[1], m.completion_tokens), (10, 10, 400));
-    assert!(m.drafted > 0 && m.accepted > 0 && m.steps[0] > 0, "{m:?}");
+    assert_eq!((m.requests, m.finished.length, m.completion_tokens), (10, 10, 400));
+    assert!(m.drafted > 0 && m.accepted > 0 && m.steps.drafting > 0, "{m:?}");
     assert!(m.to_prometheus().contains("specdec_generated_tokens_total 400"));
     Ok(())
 }
@@ -111,7 +111,7 @@ fn a_request_that_panics_or_errs_fails_alone_and_the_server_goes_on() -> Result<
     }
     let (tokens, _) = drain(server.submit(job(vec![5], SamplingConfig::greedy(), 12))?);
     assert_eq!(tokens, plain(&[5], SamplingConfig::greedy(), 12)?);
-    assert_eq!(server.metrics().finished[3], 2);
+    assert_eq!(server.metrics().finished.failed, 2);
     Ok(())
 }
 
@@ -145,7 +145,7 @@ fn a_sink_that_panics_ends_its_own_request_and_the_server_goes_on() -> Result<()
     let (tokens, _) = drain(server.submit(job(vec![5], SamplingConfig::greedy(), 12))?);
     assert_eq!(tokens, plain(&[5], SamplingConfig::greedy(), 12)?, "a new request after the panic");
     let m = server.metrics();
-    assert_eq!((m.finished[1], m.finished[2]), (4, 1), "four whole requests and the cancelled one");
+    assert_eq!((m.finished.length, m.finished.cancelled), (4, 1), "four whole requests and the cancelled one");
     Ok(())
 }
 
@@ -201,7 +201,7 @@ fn a_dropped_stream_frees_its_slot() -> Result<()> {
     let (tokens, last) = drain(server.submit(job(vec![3], SamplingConfig::greedy(), 10))?);
     assert_eq!(tokens.len(), 10, "{last:?}");
     let m = server.metrics();
-    assert_eq!(m.finished[2], 1, "the dropped request ended as cancelled");
+    assert_eq!(m.finished.cancelled, 1, "the dropped request ended as cancelled");
     assert!(m.completion_tokens < 5_000_000, "{} tokens: the slot was not freed", m.completion_tokens);
     eprintln!("the next request finished {:.3} s after the drop", start.elapsed().as_secs_f64());
     // A cancelled stream ends with its outcome.

@@ -54,8 +54,8 @@ fn sixty_four_streams_from_sixteen_clients_all_complete_and_memory_returns() {
     let secs = t.elapsed().as_secs_f64();
     let m = s.state.server.metrics();
     assert_eq!((m.running, m.queued), (0, 0));
-    assert_eq!(m.finished[0] + m.finished[1], 80, "{m:?}");
-    assert_eq!(m.finished[3], 0, "no request failed");
+    assert_eq!(m.finished.stop + m.finished.length, 80, "{m:?}");
+    assert_eq!(m.finished.failed, 0, "no request failed");
     let after = rss_mib();
     eprintln!("64 requests, {tokens} tokens in {secs:.1} s ({:.1} tok/s); memory {idle:.0} MiB after warm-up, {after:.0} MiB after the load", tokens as f64 / secs);
     assert!(secs < 600.0, "the load took {secs:.0} s");

@@ -146,7 +146,7 @@ fn read_checked(source: &mut dyn TensorSource, name: &str, shape: &[usize], devi
 /// [`Error::Load`] unless `got == want`.
 pub(crate) fn check_shape(name: &str, got: &[usize], want: &[usize]) -> Result<()> {
     if got != want {
-        return Err(Error::load(name, format!("tensor `{name}` has shape {got:?}, expected {want:?}")));
+        return Err(Error::load("", format!("tensor `{name}` has shape {got:?}, expected {want:?}")));
     }
     Ok(())
 }

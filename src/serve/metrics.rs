@@ -41,6 +41,30 @@ impl Histogram {
     }
 }
 
+/// Finished requests, by why they ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Endings {
+    /// At a stop token or stop string.
+    pub stop: u64,
+    /// At the length limit.
+    pub length: u64,
+    /// Cancelled by the client (or its listener gone).
+    pub cancelled: u64,
+    /// Failed (a bad request the queue took, or a failure while generating).
+    pub failed: u64,
+}
+
+/// Batch steps, by whether some sequence drafted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Steps {
+    /// Steps in which some sequence drafted.
+    pub drafting: u64,
+    /// Steps in which none did.
+    pub plain: u64,
+}
+
 /// A snapshot of a server's counters (totals since it started) and gauges.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -49,8 +73,8 @@ pub struct Metrics {
     pub requests: u64,
     /// Requests refused because the queue was full.
     pub rejected: u64,
-    /// Finished requests by reason: stop, length, cancelled, failed.
-    pub finished: [u64; 4],
+    /// Finished requests by reason.
+    pub finished: Endings,
     /// Prompt tokens of the requests started.
     pub prompt_tokens: u64,
     /// Tokens generated.
@@ -61,8 +85,8 @@ pub struct Metrics {
     pub accepted: u64,
     /// Target calls after the prefills.
     pub target_calls: u64,
-    /// Steps in which some sequence drafted, and steps in which none did.
-    pub steps: [u64; 2],
+    /// Batch steps, with drafts and without.
+    pub steps: Steps,
     /// Sequences generating now.
     pub running: usize,
     /// Requests waiting for a slot now.
@@ -82,13 +106,13 @@ impl Default for Metrics {
         Self {
             requests: 0,
             rejected: 0,
-            finished: [0; 4],
+            finished: Endings::default(),
             prompt_tokens: 0,
             completion_tokens: 0,
             drafted: 0,
             accepted: 0,
             target_calls: 0,
-            steps: [0; 2],
+            steps: Steps::default(),
             running: 0,
             queued: 0,
             prefill_tokens: 0,
@@ -112,9 +136,9 @@ impl Metrics {
         let plain = |v: f64| vec![(String::new(), v)];
         one("requests_total", "counter", "Requests accepted into the queue.", &plain(self.requests as f64));
         one("requests_rejected_total", "counter", "Requests refused: queue full.", &plain(self.rejected as f64));
-        let reasons = ["stop", "length", "cancelled", "failed"];
-        let by_reason: Vec<_> =
-            reasons.iter().zip(self.finished).map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n as f64)).collect();
+        let f = self.finished;
+        let reasons = [("stop", f.stop), ("length", f.length), ("cancelled", f.cancelled), ("failed", f.failed)];
+        let by_reason: Vec<_> = reasons.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n as f64)).collect();
         one("requests_finished_total", "counter", "Finished requests by reason.", &by_reason);
         one("prompt_tokens_total", "counter", "Prompt tokens of started requests.", &plain(self.prompt_tokens as f64));
         let p = &self.prefix;
@@ -157,8 +181,8 @@ impl Metrics {
         one("accepted_tokens_total", "counter", "Drafted tokens accepted.", &plain(self.accepted as f64));
         one("target_calls_total", "counter", "Target forward calls after prefill.", &plain(self.target_calls as f64));
         let steps = vec![
-            ("{speculation=\"on\"}".into(), self.steps[0] as f64),
-            ("{speculation=\"off\"}".into(), self.steps[1] as f64),
+            ("{speculation=\"on\"}".into(), self.steps.drafting as f64),
+            ("{speculation=\"off\"}".into(), self.steps.plain as f64),
         ];
         one("steps_total", "counter", "Batch steps, with and without drafts.", &steps);
         one("running_sequences", "gauge", "Sequences generating.", &plain(self.running as f64));

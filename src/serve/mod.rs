@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-pub use metrics::{Histogram, Metrics};
+pub use metrics::{Endings, Histogram, Metrics, Steps};
 use text::TextOut;
 
 use crate::adaptive::{CostModel, KPolicy};
@@ -190,8 +190,8 @@ struct Slot {
     prompt_tokens: usize,
     /// A stop string ended the text.
     stopped: bool,
-    /// Drafted, accepted and target calls counted into the metrics so far.
-    counted: [usize; 3],
+    /// The sequence's counts already added to the metrics.
+    counted: Counted,
 }
 
 /// A serving scheduler; see the [module docs](self). Dropping it lets the requests already
@@ -358,7 +358,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         self.queue = kept.into();
         self.queued.fetch_sub(cancelled.len(), Ordering::SeqCst);
         for mut q in cancelled {
-            self.lock().finished[2] += 1;
+            self.lock().finished.cancelled += 1;
             let outcome = Outcome {
                 finish: FinishReason::Cancelled,
                 prompt_tokens: q.job.request.prompt.len(),
@@ -402,7 +402,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
             let Some(mut q) = self.queue.pop_front() else { return };
             self.queued.fetch_sub(1, Ordering::SeqCst);
             if self.tokenizer.is_none() && !q.job.stop_strings.is_empty() {
-                self.lock().finished[3] += 1;
+                self.lock().finished.failed += 1;
                 let _ = send(
                     &mut q.sink,
                     Event::Failed(Error::setting("stop strings", "given", "a server with a tokenizer")),
@@ -431,11 +431,11 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
                         stop_tokens,
                         prompt_tokens,
                         stopped: false,
-                        counted: [0; 3],
+                        counted: Counted::default(),
                     });
                 }
                 Err(e) => {
-                    self.lock().finished[3] += 1;
+                    self.lock().finished.failed += 1;
                     let _ = send(&mut q.sink, Event::Failed(e));
                 }
             }
@@ -515,7 +515,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         drop(self.batch.discard(id));
         if let Some(i) = self.slots.iter().position(|s| s.id == id) {
             let mut slot = self.slots.remove(i);
-            self.lock().finished[3] += 1;
+            self.lock().finished.failed += 1;
             self.gauges(); // before the listener hears of it
             let _ = send(&mut slot.sink, Event::Failed(e));
         }
@@ -542,11 +542,12 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
         };
         {
             let mut m = self.lock();
-            m.finished[match finish {
-                FinishReason::Stop => 0,
-                FinishReason::Length => 1,
-                FinishReason::Cancelled => 2,
-            }] += 1;
+            let f = &mut m.finished;
+            *match finish {
+                FinishReason::Stop => &mut f.stop,
+                FinishReason::Length => &mut f.length,
+                FinishReason::Cancelled => &mut f.cancelled,
+            } += 1;
             m.completion_tokens += outcome.completion_tokens as u64;
         }
         self.gauges(); // before the listener hears of it: a client that saw its end sees it counted
@@ -566,7 +567,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
                 drafted += add_counts(&mut m, &mut slot.counted, stats);
             }
         }
-        m.steps[if drafted > 0 { 0 } else { 1 }] += 1;
+        *if drafted > 0 { &mut m.steps.drafting } else { &mut m.steps.plain } += 1;
         m.prefix = self.batch.prefix_cache().map(PrefixCache::stats).unwrap_or_default();
     }
 
@@ -593,17 +594,24 @@ impl<T, D> Drop for Scheduler<T, D> {
     }
 }
 
+/// A sequence's drafts, acceptances and target calls already added to the metrics.
+#[derive(Debug, Default)]
+struct Counted {
+    drafted: usize,
+    accepted: usize,
+    target_calls: usize,
+}
+
 /// Adds a sequence's drafts, acceptances and target calls since `counted` to the metrics;
 /// returns the new drafts.
-fn add_counts(m: &mut Metrics, counted: &mut [usize; 3], stats: &Stats) -> usize {
-    let now = [stats.drafted, stats.accepted, stats.target_calls];
-    let new = now.map(|n| n as u64);
-    let old = counted.map(|n| n as u64);
-    m.drafted += new[0].saturating_sub(old[0]);
-    m.accepted += new[1].saturating_sub(old[1]);
-    m.target_calls += new[2].saturating_sub(old[2]);
-    *counted = now;
-    now[0].saturating_sub(old[0] as usize)
+fn add_counts(m: &mut Metrics, counted: &mut Counted, stats: &Stats) -> usize {
+    let new = |now: usize, old: usize| now.saturating_sub(old);
+    let drafted = new(stats.drafted, counted.drafted);
+    m.drafted += drafted as u64;
+    m.accepted += new(stats.accepted, counted.accepted) as u64;
+    m.target_calls += new(stats.target_calls, counted.target_calls) as u64;
+    *counted = Counted { drafted: stats.drafted, accepted: stats.accepted, target_calls: stats.target_calls };
+    drafted
 }
 
 /// Hands `event` to `sink`; a sink that panics counts as one whose listener left (`Break`), so
