@@ -18,6 +18,8 @@ use crate::model::{DraftModel, KvRows, Proposal, TokenModel};
 use crate::models::{Llama, WeightFormat};
 use crate::tokenizer::Tokenizer;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
+#[cfg(not(feature = "heads"))]
+pub use no_heads::HeadDraft;
 
 /// Which drafter to build, as written on a command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +127,8 @@ pub enum Drafter {
     /// Suffix lookup where it matches, a model elsewhere.
     SuffixModel(LookupOr<Llama, SuffixDraft>),
     /// An EAGLE or Medusa head (with the `heads` feature).
-    #[cfg(feature = "heads")]
+    /// (Without the `heads` feature the variant stays, with a type that has no value: a head
+    /// asked for is then a typed error from [`build`](Self::build).)
     Head(HeadDraft),
     /// A model with another tokenizer.
     Cross(CrossVocabDraft<Llama, Tokenizer>),
@@ -368,7 +371,6 @@ impl TokenModel for Drafter {
             Self::Lookup(l) => l.vocab_size(),
             Self::Suffix(l) => l.vocab_size(),
             Self::SuffixModel(l) => l.vocab_size(),
-            #[cfg(feature = "heads")]
             Self::Head(h) => h.vocab_size(),
             Self::Cross(c) => c.vocab_size(),
         }
@@ -381,7 +383,6 @@ impl TokenModel for Drafter {
             Self::Lookup(l) => l.context_len(),
             Self::Suffix(l) => l.context_len(),
             Self::SuffixModel(l) => l.context_len(),
-            #[cfg(feature = "heads")]
             Self::Head(h) => h.context_len(),
             Self::Cross(c) => c.context_len(),
         }
@@ -394,7 +395,6 @@ impl TokenModel for Drafter {
             Self::Lookup(l) => l.truncate(len),
             Self::Suffix(l) => l.truncate(len),
             Self::SuffixModel(l) => l.truncate(len),
-            #[cfg(feature = "heads")]
             Self::Head(h) => h.truncate(len),
             Self::Cross(c) => c.truncate(len),
         }
@@ -441,7 +441,6 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.propose(tokens),
             Self::Suffix(l) => l.propose(tokens),
             Self::SuffixModel(l) => l.propose(tokens),
-            #[cfg(feature = "heads")]
             Self::Head(h) => h.propose(tokens),
             Self::Cross(c) => c.propose(tokens),
         }
@@ -465,7 +464,6 @@ impl DraftModel for Drafter {
             Self::Lookup(l) => l.propose_tree(tokens, budget, picker),
             Self::Suffix(l) => l.propose_tree(tokens, budget, picker),
             Self::SuffixModel(l) => l.propose_tree(tokens, budget, picker),
-            #[cfg(feature = "heads")]
             Self::Head(h) => h.propose_tree(tokens, budget, picker),
             Self::Cross(c) => c.propose_tree(tokens, budget, picker),
         }
@@ -512,5 +510,42 @@ mod tests {
         let spec: DrafterSpec = "model:d.gguf@q4_1".parse().unwrap();
         assert_eq!(spec, DrafterSpec::Model(Some("d.gguf@q4_1".into())));
         assert_eq!(spec.to_string(), "model:d.gguf@q4_1");
+    }
+}
+
+/// The stand-in for [`HeadDraft`] without the `heads` feature: a type with no value, so that
+/// [`Drafter`] has the same variants with and without the feature.
+#[cfg(not(feature = "heads"))]
+mod no_heads {
+    use crate::error::Result;
+    use crate::model::{DraftModel, Proposal, TokenModel};
+    use crate::tree::{ChildPicker, DraftTree, TreeBudget};
+
+    /// A draft head: none can exist in a build without the `heads` feature.
+    #[derive(Debug)]
+    pub enum HeadDraft {}
+
+    impl TokenModel for HeadDraft {
+        fn vocab_size(&self) -> usize {
+            match *self {}
+        }
+
+        fn context_len(&self) -> usize {
+            match *self {}
+        }
+
+        fn truncate(&mut self, _: usize) -> Result<()> {
+            match *self {}
+        }
+    }
+
+    impl DraftModel for HeadDraft {
+        fn propose(&mut self, _: &[u32]) -> Result<Proposal> {
+            match *self {}
+        }
+
+        fn propose_tree(&mut self, _: &[u32], _: TreeBudget, _: &mut ChildPicker) -> Result<DraftTree> {
+            match *self {}
+        }
     }
 }
