@@ -112,7 +112,7 @@ fn greedy_batches_equal_plain_decoding_of_each_sequence() -> Result<()> {
     requests[1] = requests[1].clone().stop_tokens([sixth]);
     // One drafts a fixed 2 whatever the policy, one decodes plainly.
     requests[2] = requests[2].clone().k(2);
-    requests.push(Request::new(PROMPTS[0].to_vec()).max_new_tokens(20).k(0));
+    requests.push(Request::new(PROMPTS[0].to_vec()).max_new_tokens(20).plain());
     let want = plain_outputs(&target, &requests)?;
     assert_eq!(want[1].len(), 6);
     for policy in [KPolicy::Plain, KPolicy::Fixed(3), KPolicy::Adaptive { max: 5 }] {
@@ -191,7 +191,8 @@ fn batch_counts(
         for (i, ((_, cfg), k)) in configs.iter().zip(ks).enumerate() {
             let seed = (n * configs.len() + i) as u64;
             let mut r = Request::new(PROMPT.to_vec()).sampling(cfg.clone().with_seed(seed)).max_new_tokens(LEN);
-            r.k = *k;
+            // A k of 0 here: the sequence's own plain steps.
+            r.k = k.map(|k| if k == 0 { KPolicy::Plain } else { KPolicy::Fixed(k) });
             batch.add(target.clone(), draft.clone(), r)?;
         }
         for f in batch.run()? {
@@ -509,5 +510,21 @@ fn the_first_adaptive_step_times_the_draft_with_one_sequence_s_token() -> Result
     let lens: Vec<usize> = first.iter().map(|(_, new)| new.len()).collect();
     assert_eq!(lens, [2, 1, 1], "one drafted token and the bonus, then plain steps: {first:?}");
     assert!(batch.costs().has_any_draft(), "the draft call was timed");
+    Ok(())
+}
+
+/// A request's own rounds are fixed or plain; anything else is refused when it is added.
+#[test]
+fn a_requests_own_k_is_fixed_or_plain() -> Result<()> {
+    let target = MarkovModel::random(VOCAB, 2, 21);
+    let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
+    let mut r = Request::new(PROMPT.to_vec()).max_new_tokens(4);
+    r.k = Some(KPolicy::Adaptive { max: 4 });
+    let refused = batch.add(target.clone(), target.noisy_copy(0.6, 22), r);
+    assert!(matches!(refused, Err(specdec::Error::InvalidSetting { .. })), "{refused:?}");
+    let plain = Request::new(PROMPT.to_vec()).max_new_tokens(4).plain();
+    batch.add(target.clone(), target.noisy_copy(0.6, 22), plain)?;
+    let done = batch.run()?;
+    assert_eq!((done.len(), done[0].generation.stats.drafted), (1, 0), "plain steps draft nothing");
     Ok(())
 }

@@ -34,8 +34,9 @@ pub struct Request {
     pub sampling: SamplingConfig,
     /// When this sequence ends.
     pub stop: StopRule,
-    /// A fixed k for this sequence alone, whatever the batch's policy (0: plain steps).
-    pub k: Option<usize>,
+    /// This sequence's own rounds, whatever the batch's policy: [`KPolicy::Fixed`] or
+    /// [`KPolicy::Plain`] (`None`: the batch's policy).
+    pub k: Option<KPolicy>,
     /// Chains or trees for this sequence (default chains only; see [`TreePolicy`]).
     pub tree: TreePolicy,
 }
@@ -53,9 +54,16 @@ impl Request {
         self
     }
 
-    /// Drafts `k` tokens every step for this sequence, whatever the batch's policy.
+    /// Drafts `k` tokens every step for this sequence, whatever the batch's policy
+    /// (`KPolicy::Fixed(k)`; see [`plain`](Self::plain) for none).
     pub fn k(mut self, k: usize) -> Self {
-        self.k = Some(k);
+        self.k = Some(KPolicy::Fixed(k));
+        self
+    }
+
+    /// Plain steps for this sequence (no drafts), whatever the batch's policy.
+    pub fn plain(mut self) -> Self {
+        self.k = Some(KPolicy::Plain);
         self
     }
 
@@ -214,14 +222,16 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// unchanged).
     pub fn add(&mut self, target: T, draft: D, request: Request) -> Result<SeqId> {
         let id = SeqId(self.next_id);
-        // A k of 0 is the sequence's own plain steps.
-        if let Some(k) = request.k.filter(|&k| k > 0) {
-            KPolicy::Fixed(k).check()?;
-        }
+        let fixed_k = match request.k.map(KPolicy::check).transpose()? {
+            None => None,
+            Some(KPolicy::Plain) => Some(0),
+            Some(KPolicy::Fixed(k)) => Some(k),
+            Some(other) => return Err(Error::setting("request k", other, "KPolicy::Fixed(k) or KPolicy::Plain")),
+        };
         let start = Start {
             sampling: request.sampling,
             stop: request.stop,
-            fixed_k: request.k,
+            fixed_k,
             policy: self.driver.policy,
             tree: request.tree,
             estimates: (self.driver.pool, self.prober.clone()),
