@@ -373,7 +373,10 @@ impl Reply {
             }
         };
         let text = |id: u32| String::from_utf8_lossy(&bytes(id)).into_owned();
-        let value = |id: u32, logprob: f32| TokenValue { token: text(id), logprob: finite(logprob), bytes: bytes(id) };
+        let value = |id: u32, logprob: f32| {
+            let bytes = bytes(id);
+            TokenValue { token: String::from_utf8_lossy(&bytes).into_owned(), logprob: finite(logprob), bytes }
+        };
         Some(match self.endpoint {
             Endpoint::Chat => Logprobs::Chat {
                 content: values
