@@ -23,7 +23,7 @@ use specdec::models::native::matmul::{matmul_parallel, Packed};
 use specdec::toy::{MarkovModel, ToyPair};
 use specdec::KPolicy;
 use specdec::{
-    Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat,
+    Llama, LlamaWeights, ModelFiles, Pair, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel, WeightFormat,
 };
 
 const VOCAB: usize = 49_152;
@@ -180,7 +180,7 @@ fn generation(c: &mut Criterion) {
         b.iter(|| dec.generate(&[1, 2, 3]))
     });
     for k in 2..=6 {
-        let Ok(mut dec) = SpeculativeDecoder::builder(target.clone(), draft.clone())
+        let Ok(mut dec) = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
             .k(k)
             .sampling(sampling.clone())
             .max_new_tokens(128)
@@ -206,7 +206,10 @@ fn generation(c: &mut Criterion) {
     });
     for k in [2, 4, 6] {
         let (Ok(d), Ok(t)) = (Llama::new(draft.clone()), Llama::new(target.clone())) else { continue };
-        let Ok(mut dec) = SpeculativeDecoder::builder(t, d).k(k).max_new_tokens(128).build() else { continue };
+        let Ok(mut dec) = SpeculativeDecoder::builder(Pair { target: t, draft: d }).k(k).max_new_tokens(128).build()
+        else {
+            continue;
+        };
         g.bench_function(format!("spec_k{k}"), |b| b.iter(|| dec.generate(&prompt)));
     }
     g.finish();
@@ -234,7 +237,10 @@ fn batches(c: &mut Criterion) {
                 let mut batch = BatchDecoder::with_costs(policy, costs.clone())?;
                 for p in &prompts {
                     let request = Request::new(p.clone()).max_new_tokens(32);
-                    batch.add(Llama::new(target.clone())?, Llama::new(draft.clone())?, request)?;
+                    batch.add(
+                        Pair { target: Llama::new(target.clone())?, draft: Llama::new(draft.clone())? },
+                        request,
+                    )?;
                 }
                 Ok(batch.run()?.len())
             })

@@ -20,7 +20,7 @@ use clap::Parser;
 use serde_json::json;
 use specdec::sampling::argmax;
 use specdec::{
-    device, Llama, LlamaWeights, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel,
+    device, Llama, LlamaWeights, ModelFiles, Pair, PlainDecoder, SamplingConfig, SpeculativeDecoder, TargetModel,
     WeightFormat,
 };
 
@@ -144,7 +144,7 @@ fn main() -> Result<()> {
     let (cpu_plain, _) = generate_plain(&cpu_weights, &prompt, args.tokens)?;
     let layers = dev_weights.config().num_layers;
     let draft = Llama::with_layers(Arc::clone(&dev_weights), (0..layers.div_ceil(2)).collect())?;
-    let mut spec = SpeculativeDecoder::builder(Llama::new(Arc::clone(&dev_weights))?, draft)
+    let mut spec = SpeculativeDecoder::builder(Pair { target: Llama::new(Arc::clone(&dev_weights))?, draft })
         .k(args.k)
         .sampling(SamplingConfig::greedy())
         .max_new_tokens(args.tokens)

@@ -20,8 +20,8 @@ use serde_json::json;
 use specdec::draft::suffix_cache::DEFAULT_CAPACITY;
 use specdec::grammar::{Grammar, GrammarVocab};
 use specdec::{
-    Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder,
-    SuffixCache, TextStream, TokenModel, Tokenizer, TreePolicy, WeightFormat,
+    Drafter, DrafterSpec, Generation, KPolicy, Llama, ModelFiles, Pair, PlainDecoder, SamplingConfig,
+    SpeculativeDecoder, SuffixCache, TextStream, TokenModel, Tokenizer, TreePolicy, WeightFormat,
 };
 
 #[derive(Parser)]
@@ -260,7 +260,7 @@ fn main() -> Result<()> {
         ids.len()
     );
     eprintln!("{}", specdec::cpu::kernels());
-    let mut spec = SpeculativeDecoder::builder(verifier, drafter)
+    let mut spec = SpeculativeDecoder::builder(Pair { target: verifier, draft: drafter })
         .k_policy(k_policy)
         .tree(tree)
         .sampling(sampling.clone())

@@ -19,7 +19,7 @@ use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
 use specdec::stats::{expected_tokens_per_call, predicted_speedup};
 use specdec::toy::{MarkovModel, ToyPair};
-use specdec::{KController, KPolicy, RoundReport, SamplingConfig, SpeculativeDecoder, Stats};
+use specdec::{KController, KPolicy, Pair, RoundReport, SamplingConfig, SpeculativeDecoder, Stats};
 
 #[derive(Parser)]
 struct Args {
@@ -163,7 +163,7 @@ fn fmt_row(xs: impl Iterator<Item = f64>) -> String {
 /// statistics and the cost-model speedup: tokens / (target calls + c · draft calls).
 fn trial(noise: f32, k: usize, rounds: usize, c: f64) -> Result<(Stats, f64)> {
     let ToyPair { target, draft } = MarkovModel::pair(32, noise, 7);
-    let mut dec = SpeculativeDecoder::builder(target, draft)
+    let mut dec = SpeculativeDecoder::builder(Pair { target, draft })
         .k(k)
         .sampling(SamplingConfig::new(1.0)?)
         .seed(42)

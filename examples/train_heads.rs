@@ -20,7 +20,9 @@ use specdec::heads::train::{self, HeadKind, Sample, TrainOptions, Trainable, Voc
 use specdec::heads::{EagleVersion, TargetParts};
 use specdec::models::Linear;
 use specdec::models::Tap;
-use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat};
+use specdec::{
+    Drafter, DrafterSpec, Llama, ModelFiles, Pair, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -207,7 +209,7 @@ fn generate(
     for temp in [0.0, 0.8] {
         let mut verifier = Llama::new(weights.clone())?;
         let drafter = Drafter::build(&DrafterSpec::Model(None), files, &mut verifier, tok, device)?;
-        let dec = SpeculativeDecoder::builder(verifier, drafter)
+        let dec = SpeculativeDecoder::builder(Pair { target: verifier, draft: drafter })
             .sampling(SamplingConfig::new(temp)?.with_seed(args.seed))
             .max_new_tokens(args.tokens_per_prompt)
             .stop_tokens(stop.clone())

@@ -16,6 +16,7 @@ use crate::heads::{EagleVersion, HeadDraft};
 use crate::loading::{check_compatible, ModelFiles};
 use crate::model::{DraftModel, KvRows, Proposal, TokenModel};
 use crate::models::{Llama, WeightFormat};
+use crate::pair::Pair;
 use crate::tokenizer::Tokenizer;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget};
 #[cfg(not(feature = "heads"))]
@@ -171,7 +172,7 @@ impl Drafter {
             DrafterSpec::Model(None) => Self::Model(Llama::new(files.load(WeightFormat::Stored, device)?.0)?),
             DrafterSpec::Model(Some(path)) => {
                 let (draft, draft_tok) = model_draft(path, device)?;
-                match check_compatible((path, &draft_tok), (&files.name(), tokenizer)) {
+                match check_compatible(Pair { target: (&files.name(), tokenizer), draft: (path, &draft_tok) }) {
                     Ok(()) => Self::Model(draft),
                     Err(Error::TokenizerMismatch { .. }) => {
                         Self::cross(draft, draft_tok, tokenizer, target, CrossMethod::Intersection)?
@@ -188,7 +189,7 @@ impl Drafter {
             }
             DrafterSpec::LookupModel(Some(path)) => {
                 let (draft, draft_tok) = model_draft(path, device)?;
-                check_compatible((path, &draft_tok), (&files.name(), tokenizer))?;
+                check_compatible(Pair { target: (&files.name(), tokenizer), draft: (path, &draft_tok) })?;
                 Self::Lookup(LookupOr::new(draft)?)
             }
             DrafterSpec::Suffix => {
@@ -199,7 +200,7 @@ impl Drafter {
                     None => Llama::new(files.load(WeightFormat::Stored, device)?.0)?,
                     Some(path) => {
                         let (draft, draft_tok) = model_draft(path, device)?;
-                        check_compatible((path, &draft_tok), (&files.name(), tokenizer))?;
+                        check_compatible(Pair { target: (&files.name(), tokenizer), draft: (path, &draft_tok) })?;
                         draft
                     }
                 };

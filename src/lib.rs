@@ -12,12 +12,12 @@
 //!
 //! ## Quick start (toy models)
 //! ```
-//! use specdec::{toy::{MarkovModel, ToyPair}, SamplingConfig, SpeculativeDecoder};
+//! use specdec::{toy::MarkovModel, SamplingConfig, SpeculativeDecoder};
 //!
-//! // A target and a noisy copy of it as the draft, over 32 tokens.
-//! let ToyPair { target, draft } = MarkovModel::pair(32, 0.1, 42);
+//! // A target and a noisy copy of it as the draft, over 32 tokens (a `Pair`).
+//! let pair = MarkovModel::pair(32, 0.1, 42);
 //! let sampling = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(7);
-//! let mut decoder = SpeculativeDecoder::builder(target, draft)
+//! let mut decoder = SpeculativeDecoder::builder(pair)
 //!     .k(4)
 //!     .sampling(sampling)
 //!     .max_new_tokens(64)
@@ -33,7 +33,9 @@
 //! ```no_run
 //! use std::ops::ControlFlow;
 //!
-//! use specdec::{Drafter, DrafterSpec, Llama, ModelFiles, SamplingConfig, SpeculativeDecoder, TextStream, WeightFormat};
+//! use specdec::{
+//!     Drafter, DrafterSpec, Llama, ModelFiles, Pair, SamplingConfig, SpeculativeDecoder, TextStream, WeightFormat,
+//! };
 //!
 //! // A GGUF file, an HF folder (config.json, tokenizer.json, *.safetensors) or a hub id
 //! // written `hf:org/name`.
@@ -45,7 +47,7 @@
 //! // or a head on the target's hidden states: "eagle:DIR", "eagle3:DIR", "medusa:DIR").
 //! let drafter = Drafter::build(&"model".parse::<DrafterSpec>()?, &files, &mut target, &tokenizer, &device)?;
 //! // k adapts by default: up to 8, plain decoding where drafting does not pay.
-//! let mut decoder = SpeculativeDecoder::builder(target, drafter)
+//! let mut decoder = SpeculativeDecoder::builder(Pair { target, draft: drafter })
 //!     .sampling(SamplingConfig::new(0.8)?.with_seed(7))
 //!     .stop_tokens(tokenizer.stop_ids())
 //!     .build()?;
@@ -145,6 +147,7 @@ pub mod loading;
 pub mod model;
 #[cfg(feature = "models")]
 pub mod models;
+mod pair;
 pub mod plain;
 pub mod prefix;
 pub mod sampling;
@@ -171,6 +174,7 @@ pub use loading::{check_compatible, device, ModelFiles};
 pub use model::{DraftModel, KvRows, Logits, Proposal, TargetModel, TokenModel, Vocabulary};
 #[cfg(feature = "models")]
 pub use models::{Engine, Llama, LlamaConfig, LlamaWeights, WeightFormat};
+pub use pair::Pair;
 pub use plain::PlainDecoder;
 pub use prefix::{PrefixCache, PrefixStats};
 pub use sampling::{History, LogitsProcessor, LogprobMode, Logprobs, SamplingConfig};

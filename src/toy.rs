@@ -18,15 +18,8 @@ pub struct MarkovModel {
     ctx: Vec<u32>,
 }
 
-/// A target and its draft ([`MarkovModel::pair`]), named: both have one type, so a tuple would
-/// let them be passed for each other.
-#[derive(Debug, Clone)]
-pub struct ToyPair {
-    /// The model whose distribution the output follows.
-    pub target: MarkovModel,
-    /// Its noisy copy.
-    pub draft: MarkovModel,
-}
+/// A target and its draft ([`MarkovModel::pair`]).
+pub type ToyPair = crate::Pair<MarkovModel, MarkovModel>;
 
 impl MarkovModel {
     /// A model from its table: `vocab^order` rows of `vocab` probabilities, row-major.

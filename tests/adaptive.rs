@@ -15,7 +15,7 @@ use rand::{RngExt, SeedableRng};
 use specdec::toy::MarkovModel;
 use specdec::TokenModel;
 use specdec::{
-    Clock, DraftModel, KController, KPolicy, Logits, PlainDecoder, Result, RoundReport, SamplingConfig,
+    Clock, DraftModel, KController, KPolicy, Logits, Pair, PlainDecoder, Result, RoundReport, SamplingConfig,
     SpeculativeDecoder, TargetModel,
 };
 
@@ -284,7 +284,8 @@ fn the_default_policy_leaves_a_draft_far_slower_than_its_target() -> Result<()> 
     let slow =
         Busy { model: target.noisy_copy(0.1, 6), clock: clock.clone(), fixed: 1e-3, per_row: 0.0, per_token: 0.0 };
     let fast = Busy { model: target, clock: clock.clone(), fixed: 2e-6, per_row: 0.0, per_token: 0.0 };
-    let mut dec = SpeculativeDecoder::builder(fast, slow).max_new_tokens(200).clock(clock).build()?;
+    let mut dec =
+        SpeculativeDecoder::builder(Pair { target: fast, draft: slow }).max_new_tokens(200).clock(clock).build()?;
     let mut drafted = 0;
     for _ in 0..20 {
         let out = dec.generate(&prompt)?;
@@ -331,18 +332,23 @@ fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
             per_token: if fixed == target_fixed { 0.0 } else { draft_token },
         };
         let clock = Clock::manual();
-        let single =
-            SpeculativeDecoder::builder(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock))
-                .clock(clock)
-                .k_policy(KPolicy::Adaptive { max: 4 })
-                .sampling(cfg.clone())
-                .max_new_tokens(300)
-                .build()?
-                .generate(&PROMPT)?;
+        let single = SpeculativeDecoder::builder(Pair {
+            target: busy(&target, target_fixed, &clock),
+            draft: busy(&draft, draft_fixed, &clock),
+        })
+        .clock(clock)
+        .k_policy(KPolicy::Adaptive { max: 4 })
+        .sampling(cfg.clone())
+        .max_new_tokens(300)
+        .build()?
+        .generate(&PROMPT)?;
         let clock = Clock::manual();
         let mut batch = BatchDecoder::new(KPolicy::Adaptive { max: 4 })?.with_clock(clock.clone());
         let request = Request::new(PROMPT.to_vec()).sampling(cfg.clone()).max_new_tokens(300);
-        batch.add(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock), request)?;
+        batch.add(
+            Pair { target: busy(&target, target_fixed, &clock), draft: busy(&draft, draft_fixed, &clock) },
+            request,
+        )?;
         let done = batch.run()?;
         let (b, s) = (&done[0].generation, &single);
         let what = format!("draft noise {noise}, {draft_fixed} s a call, {draft_token} s a token");
@@ -356,18 +362,23 @@ fn a_batch_of_one_chooses_the_ks_of_the_single_decoder() -> Result<()> {
         // decoder carries its estimates and probing state over, the batch its pooled
         // acceptance, costs and latest probing state.
         let clock = Clock::manual();
-        let mut single =
-            SpeculativeDecoder::builder(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock))
-                .clock(clock)
-                .k_policy(KPolicy::Adaptive { max: 4 })
-                .max_new_tokens(150)
-                .build()?;
+        let mut single = SpeculativeDecoder::builder(Pair {
+            target: busy(&target, target_fixed, &clock),
+            draft: busy(&draft, draft_fixed, &clock),
+        })
+        .clock(clock)
+        .k_policy(KPolicy::Adaptive { max: 4 })
+        .max_new_tokens(150)
+        .build()?;
         let clock = Clock::manual();
         let mut batch = BatchDecoder::new(KPolicy::Adaptive { max: 4 })?.with_clock(clock.clone());
         for generation in 0..3 {
             let s = single.generate(&PROMPT)?;
             let request = Request::new(PROMPT.to_vec()).max_new_tokens(150);
-            batch.add(busy(&target, target_fixed, &clock), busy(&draft, draft_fixed, &clock), request)?;
+            batch.add(
+                Pair { target: busy(&target, target_fixed, &clock), draft: busy(&draft, draft_fixed, &clock) },
+                request,
+            )?;
             let b = batch.run()?.remove(0).generation;
             assert_eq!(b.tokens, s.tokens, "{what}, greedy generation {generation}");
             assert_eq!(counts(&b), counts(&s), "{what}, greedy generation {generation}");
@@ -389,16 +400,19 @@ fn greedy_with_a_k_policy_equals_plain_greedy() -> Result<()> {
         let prompt: Vec<u32> = (0..1 + seed % 5).map(|i| ((i * 7 + seed) % vocab as u64) as u32).collect();
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(80).generate(&prompt)?;
         for policy in policies() {
-            let mut cheap = SpeculativeDecoder::builder(target.clone(), draft.clone())
+            let mut cheap = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
                 .k_policy(policy)
                 .max_new_tokens(80)
                 .build()?;
             let clock = Clock::manual();
-            let mut costly = SpeculativeDecoder::builder(costly(target.clone(), &clock), light(draft.clone(), &clock))
-                .k_policy(policy)
-                .clock(clock)
-                .max_new_tokens(80)
-                .build()?;
+            let mut costly = SpeculativeDecoder::builder(Pair {
+                target: costly(target.clone(), &clock),
+                draft: light(draft.clone(), &clock),
+            })
+            .k_policy(policy)
+            .clock(clock)
+            .max_new_tokens(80)
+            .build()?;
             // Twice each: the second generation starts from what the controller learned.
             for round in 0..2 {
                 assert_eq!(
@@ -429,7 +443,7 @@ fn check_adaptive<D: DraftModel, T: TargetModel>(
     mean_k: std::ops::RangeInclusive<f64>,
 ) -> Result<()> {
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(model, draft)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: model, draft })
         .clock(clock)
         .k_policy(KPolicy::Adaptive { max: 4 })
         .sampling(cfg.clone())
@@ -471,14 +485,16 @@ fn the_adaptive_battery_rejects_a_law_just_past_its_detection_limit() -> Result<
     let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, 60_000);
     assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
     let clock = Clock::manual();
-    let mut dec =
-        SpeculativeDecoder::builder(costly(nudged.clone(), &clock), light(target.noisy_copy(0.3, 22), &clock))
-            .clock(clock)
-            .k_policy(KPolicy::Adaptive { max: 4 })
-            .sampling(cfg.clone())
-            .seed(3002)
-            .max_new_tokens(7)
-            .build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair {
+        target: costly(nudged.clone(), &clock),
+        draft: light(target.noisy_copy(0.3, 22), &clock),
+    })
+    .clock(clock)
+    .k_policy(KPolicy::Adaptive { max: 4 })
+    .sampling(cfg.clone())
+    .seed(3002)
+    .max_new_tokens(7)
+    .build()?;
     let (counts, total) = window_counts(&mut dec, 6, &PROMPT, 4, 60_000)?;
     assert!(total.mean_k() >= 1.5, "the adaptive path was not exercised: {total:?}");
     assert_nudge_rejected("adaptive k", &counts[0], (&target, &nudged), &cfg, &PROMPT);
@@ -490,7 +506,7 @@ fn sequences_with_grow_shrink_k_follow_the_target() -> Result<()> {
     let target = MarkovModel::random(6, 2, 21);
     let draft = target.noisy_copy(0.3, 22);
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
         .k_policy(KPolicy::GrowShrink { start: 2, max: 4 })
         .sampling(cfg.clone())
         .seed(3001)

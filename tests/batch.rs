@@ -16,7 +16,7 @@ use specdec::toy::{MarkovModel, ToyPair};
 use specdec::KPolicy;
 use specdec::TokenModel;
 use specdec::{
-    Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, Result, SamplingConfig, TargetModel,
+    Engine, Error, Llama, LlamaWeights, Logits, ModelFiles, Pair, PlainDecoder, Result, SamplingConfig, TargetModel,
     WeightFormat,
 };
 use std::sync::Arc;
@@ -125,7 +125,10 @@ fn greedy_batches_equal_plain_decoding_of_each_sequence() -> Result<()> {
                     batch.step()?;
                 }
             }
-            ids.push(batch.add(Llama::new(target.clone())?, Llama::new(draft.clone())?, r.clone())?);
+            ids.push(
+                batch
+                    .add(Pair { target: Llama::new(target.clone())?, draft: Llama::new(draft.clone())? }, r.clone())?,
+            );
         }
         let mut done = batch.run()?;
         assert_eq!(batch.active(), 0);
@@ -193,7 +196,7 @@ fn batch_counts(
             let mut r = Request::new(PROMPT.to_vec()).sampling(cfg.clone().with_seed(seed)).max_new_tokens(LEN);
             // A k of 0 here: the sequence's own plain steps.
             r.k = k.map(|k| if k == 0 { KPolicy::Plain } else { KPolicy::Fixed(k) });
-            batch.add(target.clone(), draft.clone(), r)?;
+            batch.add(Pair { target: target.clone(), draft: draft.clone() }, r)?;
         }
         for f in batch.run()? {
             let i = (f.id.0 as usize) % configs.len();
@@ -267,12 +270,21 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
     ));
     let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
     let small = MarkovModel::random(4, 1, 3);
-    assert!(matches!(batch.add(target.clone(), small, Request::new(vec![1])), Err(Error::VocabMismatch { .. })));
-    assert!(matches!(batch.add(target.clone(), draft.clone(), Request::new(vec![])), Err(Error::EmptyPrompt)));
-    let r = Request::new(vec![1]).stop_tokens([99]);
-    assert!(matches!(batch.add(target.clone(), draft.clone(), r), Err(Error::TokenOutOfRange { .. })));
     assert!(matches!(
-        batch.add(target.clone(), draft.clone(), Request::new(vec![1]).k(65)),
+        batch.add(Pair { target: target.clone(), draft: small }, Request::new(vec![1])),
+        Err(Error::VocabMismatch { .. })
+    ));
+    assert!(matches!(
+        batch.add(Pair { target: target.clone(), draft: draft.clone() }, Request::new(vec![])),
+        Err(Error::EmptyPrompt)
+    ));
+    let r = Request::new(vec![1]).stop_tokens([99]);
+    assert!(matches!(
+        batch.add(Pair { target: target.clone(), draft: draft.clone() }, r),
+        Err(Error::TokenOutOfRange { .. })
+    ));
+    assert!(matches!(
+        batch.add(Pair { target: target.clone(), draft: draft.clone() }, Request::new(vec![1]).k(65)),
         Err(Error::InvalidSetting { .. })
     ));
     assert_eq!(batch.active(), 0);
@@ -287,7 +299,7 @@ fn bad_requests_are_typed_errors_and_a_failed_step_loses_nothing() -> Result<()>
             let fails =
                 |inner: &MarkovModel, at| Faulty { inner: inner.clone(), calls: 0, fail_at: at, fault: Fault::Fails };
             let t = fails(&target, if i == 1 { fail_at } else { 0 });
-            batch.add(t, fails(&draft, 0), Request::new(p.to_vec()).max_new_tokens(15))?;
+            batch.add(Pair { target: t, draft: fails(&draft, 0) }, Request::new(p.to_vec()).max_new_tokens(15))?;
         }
         while batch.active() > 0 {
             match batch.step() {
@@ -360,7 +372,10 @@ fn batch_power_swapped_rows_are_caught_by_greedy_equality() -> Result<()> {
     for policy in [KPolicy::Plain, KPolicy::Fixed(2)] {
         let mut batch = BatchDecoder::new(policy)?;
         for p in &prompts {
-            batch.add(Swapping(target.clone()), draft.clone(), Request::new(p.clone()).max_new_tokens(12))?;
+            batch.add(
+                Pair { target: Swapping(target.clone()), draft: draft.clone() },
+                Request::new(p.clone()).max_new_tokens(12),
+            )?;
         }
         let mut done = batch.run()?;
         done.sort_by_key(|f| f.id);
@@ -402,7 +417,7 @@ fn batched(
         inject(&mut batch, fault);
     }
     for r in requests {
-        batch.add(target.clone(), draft.clone(), r.clone())?;
+        batch.add(Pair { target: target.clone(), draft: draft.clone() }, r.clone())?;
     }
     let mut done = batch.run()?;
     done.sort_by_key(|f| f.id);
@@ -478,7 +493,7 @@ fn calibration_is_an_explicit_call_and_otherwise_the_passes_measure() -> Result<
     // Nothing to time without a sequence; a sequence's first step would time it.
     batch.calibrate()?;
     assert_eq!(batch.costs().target_secs(1), None);
-    batch.add(target.clone(), draft.clone(), Request::new(vec![1, 2]).max_new_tokens(8))?;
+    batch.add(Pair { target: target.clone(), draft: draft.clone() }, Request::new(vec![1, 2]).max_new_tokens(8))?;
     batch.calibrate()?;
     let t1 = batch.costs().target_secs(1);
     assert!(t1.is_some(), "T(1) measured by the explicit call");
@@ -488,7 +503,7 @@ fn calibration_is_an_explicit_call_and_otherwise_the_passes_measure() -> Result<
     // Without the call, the first adaptive step's own pass measures it (as the single decoder's
     // first round does), and nothing else is timed.
     let mut lazy = BatchDecoder::new(KPolicy::default())?;
-    lazy.add(target, draft, Request::new(vec![1, 2]).max_new_tokens(8))?;
+    lazy.add(Pair { target, draft }, Request::new(vec![1, 2]).max_new_tokens(8))?;
     lazy.step()?;
     assert!(lazy.costs().target_secs(1).is_some());
     Ok(())
@@ -503,7 +518,7 @@ fn the_first_adaptive_step_times_the_draft_with_one_sequence_s_token() -> Result
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 9);
     let mut batch = BatchDecoder::new(KPolicy::default())?;
     for prompt in [vec![1, 2], vec![3], vec![4, 5]] {
-        batch.add(target.clone(), draft.clone(), Request::new(prompt).max_new_tokens(20))?;
+        batch.add(Pair { target: target.clone(), draft: draft.clone() }, Request::new(prompt).max_new_tokens(20))?;
     }
     assert!(!batch.costs().has_any_draft());
     let first = batch.step()?;
@@ -520,10 +535,10 @@ fn a_requests_own_k_is_fixed_or_plain() -> Result<()> {
     let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
     let mut r = Request::new(PROMPT.to_vec()).max_new_tokens(4);
     r.k = Some(KPolicy::Adaptive { max: 4 });
-    let refused = batch.add(target.clone(), target.noisy_copy(0.6, 22), r);
+    let refused = batch.add(Pair { target: target.clone(), draft: target.noisy_copy(0.6, 22) }, r);
     assert!(matches!(refused, Err(specdec::Error::InvalidSetting { .. })), "{refused:?}");
     let plain = Request::new(PROMPT.to_vec()).max_new_tokens(4).plain();
-    batch.add(target.clone(), target.noisy_copy(0.6, 22), plain)?;
+    batch.add(Pair { target: target.clone(), draft: target.noisy_copy(0.6, 22) }, plain)?;
     let done = batch.run()?;
     assert_eq!((done.len(), done[0].generation.stats.drafted), (1, 0), "plain steps draft nothing");
     Ok(())

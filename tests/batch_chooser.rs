@@ -7,7 +7,7 @@
 //! measured, acceptance at its prior) on 64-token sequences, as the benchmark ran.
 
 use specdec::toy::MarkovModel;
-use specdec::{BatchDecoder, Clock, KPolicy, Logits, Request, Result, SamplingConfig, TargetModel, TokenModel};
+use specdec::{BatchDecoder, Clock, KPolicy, Logits, Pair, Request, Result, SamplingConfig, TargetModel, TokenModel};
 
 /// A toy model whose batched calls cost simulated seconds: `one` for a pass of up to `knee`
 /// tokens fed, in proportion past that.
@@ -86,7 +86,10 @@ fn throughput(world: &World, b: usize, policy: KPolicy) -> Result<f64> {
                 t => SamplingConfig::new(t)?.with_seed(100 + i as u64),
             };
             let prompt = vec![(i % 5) as u32, 2, 0];
-            batch.add(target.clone(), draft.clone(), Request::new(prompt).sampling(cfg).max_new_tokens(TOKENS))?;
+            batch.add(
+                Pair { target: target.clone(), draft: draft.clone() },
+                Request::new(prompt).sampling(cfg).max_new_tokens(TOKENS),
+            )?;
         }
         seqs += b;
         let start = clock.seconds();

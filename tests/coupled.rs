@@ -9,7 +9,8 @@ use specdec::batch::{BatchDecoder, Request};
 use specdec::sampling::Noise;
 use specdec::toy::{MarkovModel, PointDraft};
 use specdec::{
-    DraftModel, KPolicy, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy,
+    DraftModel, KPolicy, NGramDraft, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TreeBudget,
+    TreePolicy,
 };
 
 const PROMPT: [u32; 3] = [2, 0, 5];
@@ -45,7 +46,7 @@ fn assert_equal_runs<D: DraftModel>(
 fn coupled_speculative_output_equals_plain_output() -> Result<()> {
     let target = toy_target();
     let (new, generations) = (24, 25);
-    let tree = TreeBudget::new(2, 3, 8, 1)?;
+    let tree = "2x3x8".parse::<TreeBudget>()?;
     for (name, cfg) in settings()? {
         let cfg = cfg.with_seed(11).coupled();
         let plain = plain_runs(&target, &cfg, new, generations)?;
@@ -57,12 +58,13 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
         ];
         for (how, policy, trees) in policies {
             let what = format!("{name}, sampled draft, {how}");
-            let mut spec = SpeculativeDecoder::builder(target.clone(), target.noisy_copy(0.3, 22))
-                .k_policy(policy)
-                .tree(trees)
-                .sampling(cfg.clone())
-                .max_new_tokens(new)
-                .build()?;
+            let mut spec =
+                SpeculativeDecoder::builder(Pair { target: target.clone(), draft: target.noisy_copy(0.3, 22) })
+                    .k_policy(policy)
+                    .tree(trees)
+                    .sampling(cfg.clone())
+                    .max_new_tokens(new)
+                    .build()?;
             let (drafted, accepted) = assert_equal_runs(&what, &mut spec, &plain)?;
             // Adaptive k follows the clock, and on toy models (a draft call costs about a target
             // call) it mostly decodes plainly: only its output is checked. The others must see
@@ -73,15 +75,18 @@ fn coupled_speculative_output_equals_plain_output() -> Result<()> {
             assert_eq!(spec.stats().tree_rounds > 0, wants_trees, "{what}: tree rounds");
         }
         let what = format!("{name}, point-mass draft");
-        let mut spec = SpeculativeDecoder::builder(target.clone(), PointDraft::new(target.noisy_copy(0.3, 23), 0.3))
-            .k(3)
-            .sampling(cfg.clone())
-            .max_new_tokens(new)
-            .build()?;
+        let mut spec = SpeculativeDecoder::builder(Pair {
+            target: target.clone(),
+            draft: PointDraft::new(target.noisy_copy(0.3, 23), 0.3),
+        })
+        .k(3)
+        .sampling(cfg.clone())
+        .max_new_tokens(new)
+        .build()?;
         let (drafted, accepted) = assert_equal_runs(&what, &mut spec, &plain)?;
         assert!(drafted > 0 && accepted > 0, "{what}: {accepted} of {drafted} accepted");
         let what = format!("{name}, n-gram draft");
-        let mut spec = SpeculativeDecoder::builder(target.clone(), NGramDraft::new(6)?)
+        let mut spec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: NGramDraft::new(6)? })
             .k(4)
             .sampling(cfg)
             .max_new_tokens(new)
@@ -104,8 +109,7 @@ fn coupled_batches_equal_plain_output() -> Result<()> {
             let new = 10 + 3 * seed as usize;
             expected.push(plain_runs(&target, &cfg, new, 1)?.remove(0));
             batch.add(
-                target.clone(),
-                draft.clone(),
+                Pair { target: target.clone(), draft: draft.clone() },
                 Request::new(PROMPT.to_vec()).sampling(cfg).max_new_tokens(new),
             )?;
         }
@@ -135,7 +139,7 @@ fn coupled_sequences_follow_the_target() -> Result<()> {
     let target = toy_target();
     for (name, cfg) in settings()? {
         let cfg = cfg.coupled();
-        let mut spec = SpeculativeDecoder::builder(target.clone(), target.noisy_copy(0.6, 25))
+        let mut spec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: target.noisy_copy(0.6, 25) })
             .k(3)
             .sampling(cfg.clone())
             .seed(77)
@@ -181,8 +185,8 @@ fn power_a_biased_race_is_rejected() -> Result<()> {
 mod real {
     use super::common::models::{model_path, GEMMA3, SMOLLM2};
     use specdec::{
-        Drafter, Llama, ModelFiles, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TreeBudget,
-        TreePolicy, WeightFormat,
+        Drafter, Llama, ModelFiles, NGramDraft, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder,
+        TreeBudget, TreePolicy, WeightFormat,
     };
 
     /// Coupled sampling at temperature 0.8 with top-p: the model draft (adaptive k, k = 4 and
@@ -200,7 +204,7 @@ mod real {
             .stop_tokens(stop.clone())
             .generate(&ids)?;
         let vocab = target_w.config().vocab_size;
-        let (chain, tree) = (TreePolicy::Never, TreePolicy::Always(TreeBudget::new(2, 4, 10, 1)?));
+        let (chain, tree) = (TreePolicy::Never, TreePolicy::Always("2x4x10".parse::<TreeBudget>()?));
         let drafters = [
             (Some(4), chain, Drafter::Model(Llama::new(draft_w.clone())?)),
             (None, chain, Drafter::Model(Llama::new(draft_w.clone())?)),
@@ -209,7 +213,7 @@ mod real {
             (None, tree, Drafter::NGram(NGramDraft::new(vocab)?)),
         ];
         for (k, shape, draft) in drafters {
-            let builder = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, draft)
+            let builder = SpeculativeDecoder::builder(Pair { target: Llama::new(target_w.clone())?, draft })
                 .tree(shape)
                 .sampling(cfg.clone())
                 .max_new_tokens(new)

@@ -6,7 +6,7 @@ mod common;
 
 use common::models::{model_path, GEMMA3, QWEN_1_5B, SMOLLM2};
 use specdec::{
-    CrossMethod, Drafter, DrafterSpec, Engine, Llama, ModelFiles, PlainDecoder, Result, SamplingConfig,
+    CrossMethod, Drafter, DrafterSpec, Engine, Llama, ModelFiles, Pair, PlainDecoder, Result, SamplingConfig,
     SpeculativeDecoder, VocabMap, WeightFormat,
 };
 
@@ -28,7 +28,8 @@ fn greedy_equals_plain(target: &str, method: Option<CrossMethod>, prompt: &str, 
     assert!(note.contains(&method.unwrap_or(CrossMethod::Intersection).to_string()), "{note}");
     let ids = tokenizer.encode(&tokenizer.chat_prompt(prompt))?;
     let plain = PlainDecoder::new(Llama::new(weights)?, SamplingConfig::greedy()).max_new_tokens(n).generate(&ids)?;
-    let mut dec = SpeculativeDecoder::builder(verifier, drafter).k(3).max_new_tokens(n).build()?;
+    let mut dec =
+        SpeculativeDecoder::builder(Pair { target: verifier, draft: drafter }).k(3).max_new_tokens(n).build()?;
     let out = dec.generate(&ids)?;
     assert_eq!(tokenizer.decode(&out.tokens)?, tokenizer.decode(&plain.tokens)?, "{target}, {spec}");
     assert_eq!(out.tokens, plain.tokens, "{target}, {spec}");
@@ -59,7 +60,7 @@ fn the_smollm2_to_qwen_map_is_built_once_and_quickly() -> Result<()> {
     let (Some(target_path), Some(draft_path)) = (model_path(QWEN_1_5B), model_path(SMOLLM2)) else { return Ok(()) };
     let (target, draft) = (ModelFiles::Gguf(target_path).tokenizer()?, ModelFiles::Gguf(draft_path).tokenizer()?);
     let start = std::time::Instant::now();
-    let map = VocabMap::new(&draft, &target)?;
+    let map = VocabMap::new(Pair { target: &target, draft: &draft })?;
     eprintln!("SmolLM2 → Qwen map: {} shared strings, built in {:.3} s", map.shared(), start.elapsed().as_secs_f64());
     // Words, code and ChatML's turn tokens are shared.
     for s in [" the", "def", "<|im_end|>", "    "] {

@@ -13,8 +13,8 @@ use specdec::toy::{MarkovModel, ToyVocab};
 use specdec::tree::ChildPicker;
 use specdec::TokenModel;
 use specdec::{
-    BatchDecoder, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, PlainDecoder, Proposal, Request,
-    Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, VocabPair, Vocabulary,
+    BatchDecoder, CrossMethod, CrossVocabDraft, DraftModel, DraftTree, Error, KPolicy, Pair, PlainDecoder, Proposal,
+    Request, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy, VocabMap, VocabPair, Vocabulary,
 };
 
 const TARGET: [&str; 6] = ["a", "b", "c", "ab", "bc", "ca"];
@@ -34,7 +34,7 @@ fn cross(draft: MarkovModel, method: CrossMethod) -> Result<CrossVocabDraft<Mark
 #[test]
 fn the_map_pairs_tokens_of_the_same_string() -> Result<()> {
     let (d, t) = vocabs()?;
-    let map = VocabMap::new(&d, &t)?;
+    let map = VocabMap::new(Pair { target: &t, draft: &d })?;
     assert_eq!(map.shared(), 4);
     assert_eq!((0..4).map(|i| map.target_of(i)).collect::<Vec<_>>(), [Some(0), Some(1), Some(2), Some(3)]);
     assert_eq!(map.target_of(9), None);
@@ -43,7 +43,7 @@ fn the_map_pairs_tokens_of_the_same_string() -> Result<()> {
     assert_eq!(&row[..4], &[0.1, 0.2, 0.3, 0.4]);
     assert!(row[4..].iter().all(|&l| l == f32::NEG_INFINITY));
     // Disjoint vocabularies share nothing.
-    assert!(VocabMap::new(&ToyVocab::new(["x"])?, &t).is_err());
+    assert!(VocabMap::new(Pair { target: &t, draft: &ToyVocab::new(["x"])? }).is_err());
     Ok(())
 }
 
@@ -76,8 +76,10 @@ fn greedy_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
         for method in [CrossMethod::Text, CrossMethod::Intersection] {
             for policy in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Adaptive { max: 6 }] {
                 let draft = cross(MarkovModel::random(DRAFT.len(), 2, seed + 50), method)?;
-                let mut dec =
-                    SpeculativeDecoder::builder(target.clone(), draft).k_policy(policy).max_new_tokens(40).build()?;
+                let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+                    .k_policy(policy)
+                    .max_new_tokens(40)
+                    .build()?;
                 let out = dec.generate(&PROMPT)?;
                 assert_eq!(out.tokens, plain.tokens, "seed {seed}, {method}, {policy:?}");
             }
@@ -93,7 +95,7 @@ fn battery(method: CrossMethod, seed: u64) -> Result<()> {
     for (name, cfg) in settings()? {
         for k in [2, 4] {
             let draft = cross(MarkovModel::random(DRAFT.len(), 2, 22), method)?;
-            let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
+            let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(seed + k as u64)
@@ -166,8 +168,8 @@ fn the_battery_rejects_judging_a_draft_token_by_another_strings_probability() ->
     let target = MarkovModel::random(TARGET.len(), 2, 21);
     let cfg = SamplingConfig::new(1.0)?;
     let draft = WrongString(cross(MarkovModel::random(DRAFT.len(), 2, 22), CrossMethod::Intersection)?);
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
-        .tree(TreePolicy::Always(TreeBudget::new(1, 3, 3, 1)?))
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+        .tree(TreePolicy::Always("1x3x3".parse::<TreeBudget>()?))
         .sampling(cfg.clone())
         .seed(2700)
         .max_new_tokens(6)
@@ -180,11 +182,11 @@ fn the_battery_rejects_judging_a_draft_token_by_another_strings_probability() ->
         &exact_window(&target, &cfg, &PROMPT, 0, 3),
     );
     // The same drafter judged correctly fits.
-    let mut fair = SpeculativeDecoder::builder(
-        target.clone(),
-        cross(MarkovModel::random(DRAFT.len(), 2, 22), CrossMethod::Intersection)?,
-    )
-    .tree(TreePolicy::Always(TreeBudget::new(1, 3, 3, 1)?))
+    let mut fair = SpeculativeDecoder::builder(Pair {
+        target: target.clone(),
+        draft: cross(MarkovModel::random(DRAFT.len(), 2, 22), CrossMethod::Intersection)?,
+    })
+    .tree(TreePolicy::Always("1x3x3".parse::<TreeBudget>()?))
     .sampling(cfg.clone())
     .seed(2700)
     .max_new_tokens(6)
@@ -202,7 +204,7 @@ fn a_draft_that_cannot_spell_the_targets_text_is_a_typed_error() -> Result<()> {
         VocabPair { target: ToyVocab::new(TARGET)?, target_len: 6, draft: no_c },
         CrossMethod::Text,
     )?;
-    let mut dec = SpeculativeDecoder::builder(target, draft).k(3).max_new_tokens(8).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target, draft }).k(3).max_new_tokens(8).build()?;
     match dec.generate(&PROMPT) {
         Err(Error::Tokenizer { message, .. }) => assert!(message.contains("cannot spell"), "{message}"),
         other => panic!("expected a tokenizer error, got {other:?}"),
@@ -220,7 +222,7 @@ fn batches_with_cross_vocabulary_drafts_equal_plain_greedy() -> Result<()> {
         for (i, p) in prompts.iter().enumerate() {
             let method = if i % 2 == 0 { CrossMethod::Text } else { CrossMethod::Intersection };
             let draft = cross(MarkovModel::random(DRAFT.len(), 2, 32 + i as u64), method)?;
-            let id = batch.add(target.clone(), draft, Request::new(p.clone()).max_new_tokens(20))?;
+            let id = batch.add(Pair { target: target.clone(), draft }, Request::new(p.clone()).max_new_tokens(20))?;
             let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(20).generate(p)?;
             want.push((id, plain.tokens));
         }
@@ -247,7 +249,8 @@ fn a_failing_draft_model_leaves_the_drafter_usable() -> Result<()> {
             let (d, t) = vocabs()?;
             let draft =
                 CrossVocabDraft::new(faulty, VocabPair { target: t, target_len: TARGET.len(), draft: d }, method)?;
-            let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).max_new_tokens(30).build()?;
+            let mut dec =
+                SpeculativeDecoder::builder(Pair { target: target.clone(), draft }).k(3).max_new_tokens(30).build()?;
             assert!(dec.generate(&PROMPT).is_err(), "{method}, call {fail_at} fails");
             let out = dec.generate(&PROMPT)?;
             assert_eq!(out.tokens, plain.tokens, "{method}, after a failure at call {fail_at}");
@@ -294,7 +297,8 @@ fn a_draft_whose_context_fills_first_leaves_the_target_decoding_alone() -> Resul
             VocabPair { target: t, target_len: TARGET.len(), draft: d },
             method,
         )?;
-        let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).max_new_tokens(40).build()?;
+        let mut dec =
+            SpeculativeDecoder::builder(Pair { target: target.clone(), draft }).k(3).max_new_tokens(40).build()?;
         let out = dec.generate(&PROMPT)?;
         assert_eq!(out.tokens, plain.tokens, "{method}");
         assert!(out.stats.drafted > 0, "{method}: drafted before the draft's context filled");
@@ -369,7 +373,7 @@ proptest::proptest! {
         let faulty = Faulty { inner: MarkovModel::random(dv.len(), 2, seed + 1), calls: 0, fail_at, fault: FaultKind::Fails };
         let target_len = tv.len();
         let draft = CrossVocabDraft::new(faulty, VocabPair { target: tv, target_len, draft: dv }, method).unwrap();
-        let mut dec = SpeculativeDecoder::builder(target, draft).k(k).max_new_tokens(24).build().unwrap();
+        let mut dec = SpeculativeDecoder::builder(Pair { target, draft }).k(k).max_new_tokens(24).build().unwrap();
         for _ in 0..2 {
             if let Ok(out) = dec.generate(&prompt) {
                 proptest::prop_assert_eq!(&out.tokens, &plain.tokens);

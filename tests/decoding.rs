@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 
 use specdec::batch::{BatchDecoder, Request};
 use specdec::toy::{MarkovModel, PointDraft, ToyPair};
-use specdec::{FinishReason, KPolicy, PlainDecoder, Result, SamplingConfig, SeqId, SpeculativeDecoder};
+use specdec::{FinishReason, KPolicy, Pair, PlainDecoder, Result, SamplingConfig, SeqId, SpeculativeDecoder};
 
 #[test]
 fn greedy_speculative_equals_plain_greedy() -> Result<()> {
@@ -17,13 +17,18 @@ fn greedy_speculative_equals_plain_greedy() -> Result<()> {
         let prompt: Vec<u32> = (0..1 + seed % 5).map(|i| ((i * 7 + seed) % vocab as u64) as u32).collect();
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&prompt)?;
         for k in [1, 3, 5, 8] {
-            let mut spec =
-                SpeculativeDecoder::builder(target.clone(), draft.clone()).k(k).max_new_tokens(40).build()?;
-            assert_eq!(spec.generate(&prompt)?.tokens, plain.tokens, "seed {seed}, k {k}");
-            let mut point = SpeculativeDecoder::builder(target.clone(), PointDraft::new(draft.clone(), 0.2))
+            let mut spec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
                 .k(k)
                 .max_new_tokens(40)
                 .build()?;
+            assert_eq!(spec.generate(&prompt)?.tokens, plain.tokens, "seed {seed}, k {k}");
+            let mut point = SpeculativeDecoder::builder(Pair {
+                target: target.clone(),
+                draft: PointDraft::new(draft.clone(), 0.2),
+            })
+            .k(k)
+            .max_new_tokens(40)
+            .build()?;
             assert_eq!(point.generate(&prompt)?.tokens, plain.tokens, "point draft, seed {seed}, k {k}");
         }
     }
@@ -33,7 +38,7 @@ fn greedy_speculative_equals_plain_greedy() -> Result<()> {
 #[test]
 fn a_perfect_draft_is_always_accepted() -> Result<()> {
     let ToyPair { target, .. } = MarkovModel::pair(32, 0.0, 3);
-    let mut dec = SpeculativeDecoder::builder(target.clone(), target)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: target })
         .k(4)
         .max_new_tokens(100)
         .sampling(SamplingConfig::new(1.0)?)
@@ -50,7 +55,7 @@ fn same_seed_same_tokens() -> Result<()> {
     let cfg = SamplingConfig::new(0.9)?.with_top_p(0.9)?;
     let run = |seed| -> Result<Vec<Vec<u32>>> {
         // A fixed k: the default adaptive k follows timings, and sampled draws follow k.
-        let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone())
+        let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
             .k(4)
             .sampling(cfg.clone())
             .seed(seed)
@@ -70,7 +75,8 @@ fn same_seed_same_tokens() -> Result<()> {
 fn a_seed_holds_whether_set_before_or_after_the_sampling_settings() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(32, 0.3, 5);
     let cfg = SamplingConfig::new(0.9)?.with_seed(1);
-    let builder = || SpeculativeDecoder::builder(target.clone(), draft.clone()).k(4).max_new_tokens(50);
+    let builder =
+        || SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() }).k(4).max_new_tokens(50);
     let after = builder().sampling(cfg.clone()).seed(9).build()?.generate(&[1, 2])?.tokens;
     let before = builder().seed(9).sampling(cfg.clone()).build()?.generate(&[1, 2])?.tokens;
     let own = builder().sampling(cfg.with_seed(9)).build()?.generate(&[1, 2])?.tokens;
@@ -84,7 +90,8 @@ fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
     let greedy = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[3])?;
     let stop = greedy.tokens[10];
     let first = greedy.tokens.iter().position(|&t| t == stop).unwrap_or(10);
-    let mut dec = SpeculativeDecoder::builder(target, draft).k(5).max_new_tokens(30).stop_tokens([stop]).build()?;
+    let mut dec =
+        SpeculativeDecoder::builder(Pair { target, draft }).k(5).max_new_tokens(30).stop_tokens([stop]).build()?;
     let mut streamed = Vec::new();
     let out = dec.generate_with(&[3], |toks| {
         streamed.extend_from_slice(toks);
@@ -100,7 +107,10 @@ fn streaming_delivers_the_output_and_stop_tokens_end_it() -> Result<()> {
 fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.0, 8);
     for n in [0, 1, 2, 5, 13] {
-        let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone()).k(4).max_new_tokens(n).build()?;
+        let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
+            .k(4)
+            .max_new_tokens(n)
+            .build()?;
         let out = dec.generate(&[1])?;
         assert_eq!(out.tokens.len(), n);
         assert_eq!(out.finish, FinishReason::Length);
@@ -111,7 +121,10 @@ fn max_new_tokens_is_exact_and_zero_gives_nothing() -> Result<()> {
 #[test]
 fn step_by_step_matches_generate() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.3, 2);
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone()).k(3).max_new_tokens(25).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
+        .k(3)
+        .max_new_tokens(25)
+        .build()?;
     dec.start(&[4, 5])?;
     while dec.finish_reason().is_none() {
         assert!(!dec.step()?.is_empty());
@@ -128,7 +141,10 @@ fn the_callback_cancels_a_generation_and_the_decoders_go_on() -> Result<()> {
     let sampling = SamplingConfig::new(0.9)?.with_seed(4);
     let full = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(40).generate(&[3])?;
     // The single decoder stops after the callback's first Break, keeping what it streamed.
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone()).k(3).max_new_tokens(40).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
+        .k(3)
+        .max_new_tokens(40)
+        .build()?;
     let mut streamed = Vec::new();
     let out = dec.generate_with(&[3], |toks| {
         streamed.extend_from_slice(toks);
@@ -163,12 +179,12 @@ fn a_cancelled_sequence_frees_its_slot_and_the_others_lose_nothing() -> Result<(
     let mut alone = Vec::new();
     for i in 0..3 {
         let mut b = BatchDecoder::new(KPolicy::Fixed(3))?;
-        b.add(target.clone(), draft.clone(), request(i)?)?;
+        b.add(Pair { target: target.clone(), draft: draft.clone() }, request(i)?)?;
         alone.push(b.run()?.remove(0).generation.tokens);
     }
     let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
     for i in 0..3 {
-        batch.add(target.clone(), draft.clone(), request(i)?)?;
+        batch.add(Pair { target: target.clone(), draft: draft.clone() }, request(i)?)?;
     }
     let done =
         batch.run_with(|id, _| if id == SeqId(1) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })?;
@@ -185,7 +201,7 @@ fn a_cancelled_sequence_frees_its_slot_and_the_others_lose_nothing() -> Result<(
     }
     // Cancelling between steps by id: the slot is freed at once, an unknown id is an error.
     let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
-    let id = batch.add(target.clone(), draft.clone(), request(0)?)?;
+    let id = batch.add(Pair { target: target.clone(), draft: draft.clone() }, request(0)?)?;
     batch.step()?;
     let f = batch.cancel(id)?;
     assert_eq!((batch.active(), f.generation.finish), (0, FinishReason::Cancelled));

@@ -6,8 +6,8 @@ use common::faulty::{Fault, Faulty};
 use specdec::toy::{MarkovModel, ToyPair};
 use specdec::tree::ChildPicker;
 use specdec::{
-    DraftModel, DraftTree, Error, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TokenModel, TreeBudget,
-    TreePolicy,
+    DraftModel, DraftTree, Error, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TokenModel,
+    TreeBudget, TreePolicy,
 };
 
 fn pair() -> ToyPair {
@@ -17,11 +17,11 @@ fn pair() -> ToyPair {
 #[test]
 fn bad_settings_and_pairs_are_typed_errors() {
     let ToyPair { target, draft } = pair();
-    let build = |k| SpeculativeDecoder::builder(target.clone(), draft.clone()).k(k).build();
+    let build = |k| SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() }).k(k).build();
     assert!(matches!(build(0), Err(Error::InvalidSetting { name: "k", .. })));
     let other = MarkovModel::random(9, 1, 0);
     assert!(matches!(
-        SpeculativeDecoder::builder(target.clone(), other).build(),
+        SpeculativeDecoder::builder(Pair { target: target.clone(), draft: other }).build(),
         Err(Error::VocabMismatch { draft: 9, target: 8 })
     ));
     assert!(matches!(SamplingConfig::new(-1.0), Err(Error::InvalidSetting { name: "temperature", .. })));
@@ -29,14 +29,14 @@ fn bad_settings_and_pairs_are_typed_errors() {
     assert!(matches!(SamplingConfig::greedy().with_top_p(0.0), Err(Error::InvalidSetting { name: "top_p", .. })));
     assert!(matches!(SamplingConfig::greedy().with_top_p(1.01), Err(Error::InvalidSetting { name: "top_p", .. })));
     assert!(matches!(SamplingConfig::greedy().with_top_k(0), Err(Error::InvalidSetting { name: "top_k", .. })));
-    let stop = SpeculativeDecoder::builder(target, draft).stop_tokens([8]).build();
+    let stop = SpeculativeDecoder::builder(Pair { target, draft }).stop_tokens([8]).build();
     assert!(matches!(stop, Err(Error::TokenOutOfRange { token: 8, vocab: 8 })));
 }
 
 #[test]
 fn bad_prompts_are_typed_errors() -> Result<()> {
     let ToyPair { target, draft } = pair();
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft }).build()?;
     assert!(matches!(dec.generate(&[]), Err(Error::EmptyPrompt)));
     assert!(matches!(dec.generate(&[1, 99]), Err(Error::TokenOutOfRange { token: 99, .. })));
     assert!(matches!(dec.step(), Err(Error::NotReady(_))));
@@ -54,7 +54,7 @@ fn bad_prompts_are_typed_errors() -> Result<()> {
 fn model_faults_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
     let ToyPair { target, draft } = pair();
     let clean = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[2, 3])?;
-    let trees = [TreePolicy::Never, TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?)];
+    let trees = [TreePolicy::Never, TreePolicy::Always("2x3x6".parse::<TreeBudget>()?)];
     for (fault, tree) in [Fault::NanLogits, Fault::InfLogits, Fault::WrongRows, Fault::Fails]
         .into_iter()
         .flat_map(|f| trees.iter().map(move |&t| (f, t)))
@@ -65,7 +65,7 @@ fn model_faults_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
                 let healthy = |m: &MarkovModel| Faulty { inner: m.clone(), calls: 0, fail_at: 0, fault };
                 let (d, t) =
                     if on_draft { (faulty(&draft), healthy(&target)) } else { (healthy(&draft), faulty(&target)) };
-                let mut dec = SpeculativeDecoder::builder(t, d)
+                let mut dec = SpeculativeDecoder::builder(Pair { target: t, draft: d })
                     .k(3)
                     .tree(tree)
                     .sampling(sampling.clone())
@@ -112,7 +112,10 @@ fn plain_decoding_reports_model_faults() -> Result<()> {
 #[test]
 fn max_new_tokens_zero_is_empty() -> Result<()> {
     let ToyPair { target, draft } = pair();
-    let out = SpeculativeDecoder::builder(target.clone(), draft).max_new_tokens(0).build()?.generate(&[1])?;
+    let out = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+        .max_new_tokens(0)
+        .build()?
+        .generate(&[1])?;
     assert!(out.tokens.is_empty());
     assert!(PlainDecoder::new(target, SamplingConfig::greedy()).max_new_tokens(0).generate(&[1])?.tokens.is_empty());
     Ok(())
@@ -166,8 +169,8 @@ impl DraftModel for BadTrees {
 fn bad_draft_trees_are_typed_errors_and_the_decoder_recovers() -> Result<()> {
     let ToyPair { target, draft } = pair();
     let clean = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(30).generate(&[2, 3])?;
-    let mut dec = SpeculativeDecoder::builder(target, BadTrees { inner: draft, calls: 0 })
-        .tree(TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?))
+    let mut dec = SpeculativeDecoder::builder(Pair { target, draft: BadTrees { inner: draft, calls: 0 } })
+        .tree(TreePolicy::Always("2x3x6".parse::<TreeBudget>()?))
         .max_new_tokens(30)
         .build()?;
     dec.start(&[2, 3])?;

@@ -14,7 +14,7 @@ use rand::{RngExt, SeedableRng};
 use specdec::kernel::{self, DraftRow, Judgement};
 use specdec::sampling::sample;
 use specdec::toy::{MarkovModel, PointDraft, ToyPair};
-use specdec::{DraftModel, Proposal, Result, SamplingConfig, SpeculativeDecoder, TokenModel};
+use specdec::{DraftModel, Pair, Proposal, Result, SamplingConfig, SpeculativeDecoder, TokenModel};
 
 const P: [f32; 6] = [0.40, 0.25, 0.15, 0.10, 0.07, 0.03];
 const Q: [f32; 6] = [0.10, 0.10, 0.30, 0.30, 0.15, 0.05];
@@ -163,7 +163,7 @@ fn check_sequences<D: DraftModel>(
     cfg: &SamplingConfig,
     k: usize,
 ) -> Result<()> {
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
         .k(k)
         .sampling(cfg.clone())
         .seed(1000 + k as u64)
@@ -311,7 +311,11 @@ fn sequence_power_a_law_just_past_the_detection_limit_is_rejected() -> Result<()
     let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
     assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
     let draft = target.noisy_copy(0.6, 22);
-    let mut dec = SpeculativeDecoder::builder(nudged.clone(), draft).k(4).sampling(cfg.clone()).seed(1100).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target: nudged.clone(), draft })
+        .k(4)
+        .sampling(cfg.clone())
+        .seed(1100)
+        .build()?;
     let (counts, _) = window_counts(&mut dec, VOCAB, &PROMPT, 4, SAMPLES)?;
     assert_nudge_rejected("sequences, k = 4", &counts[0], (&target, &nudged), &cfg, &PROMPT);
     Ok(())

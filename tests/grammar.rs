@@ -19,8 +19,8 @@ use specdec::grammar::{Grammar, GrammarVocab};
 use specdec::sampling::{History, ProcessorFactory};
 use specdec::toy::{MarkovModel, PointDraft};
 use specdec::{
-    DraftModel, Error, KPolicy, NGramDraft, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel,
-    TreeBudget, TreePolicy,
+    DraftModel, Error, KPolicy, NGramDraft, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder,
+    TargetModel, TreeBudget, TreePolicy,
 };
 
 const EOS: u32 = 15;
@@ -162,7 +162,7 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
             let cfg = SamplingConfig::new(temperature as f32)?.with_seed(17).with_processor(compile(regex)?);
             let what = |how: &str| format!("{name}, temperature {temperature}, {how}");
             let build = |cfg: SamplingConfig| {
-                SpeculativeDecoder::builder(target.clone(), draft.clone())
+                SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
                     .k(3)
                     .sampling(cfg)
                     .max_new_tokens(max)
@@ -172,10 +172,10 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
             fits(&what("chain"), &c, &law);
             assert!(drafted > 0 && forced > 0, "{drafted} drafted, {forced} forced");
             fits(&what("coupled"), &tally(&law, &mut build(cfg.clone().coupled()).build()?, &prompt)?.0, &law);
-            let tree = TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?);
+            let tree = TreePolicy::Always("2x3x6".parse::<TreeBudget>()?);
             fits(&what("tree setting"), &tally(&law, &mut build(cfg.clone()).tree(tree).build()?, &prompt)?.0, &law);
             let point = PointDraft::new(draft.clone(), 0.2);
-            let mut dec = SpeculativeDecoder::builder(target.clone(), point)
+            let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: point })
                 .k(3)
                 .sampling(cfg.clone())
                 .max_new_tokens(max)
@@ -183,7 +183,7 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
                 .build()?;
             fits(&what("point-mass drafts"), &tally(&law, &mut dec, &prompt)?.0, &law);
             let ngram = NGramDraft::with_range(16, 1, 3)?;
-            let mut dec = SpeculativeDecoder::builder(target.clone(), ngram)
+            let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: ngram })
                 .k(3)
                 .sampling(cfg.clone())
                 .max_new_tokens(max)
@@ -197,7 +197,10 @@ fn every_decoder_follows_the_grammars_law() -> Result<()> {
             for n in 0..SAMPLES / 8 {
                 for i in 0..8 {
                     let r = Request::new(prompt.clone()).sampling(cfg.clone().with_seed((n * 8 + i) as u64));
-                    batch.add(target.clone(), draft.clone(), r.max_new_tokens(max).stop_tokens([EOS]))?;
+                    batch.add(
+                        Pair { target: target.clone(), draft: draft.clone() },
+                        r.max_new_tokens(max).stop_tokens([EOS]),
+                    )?;
                 }
                 for f in batch.run()? {
                     c[cell(&law, &f.generation.tokens)] += 1;
@@ -220,7 +223,7 @@ fn a_lark_grammar_follows_its_law() -> Result<()> {
     let law = reference(&TopLevelGrammar::from_lark(lark.to_string()), &target, 1.0, &prompt, max);
     let vocab = GrammarVocab::from_token_bytes(words(), &[EOS])?;
     let cfg = SamplingConfig::new(1.0)?.with_seed(8).with_processor(Grammar::lark(lark).compile(&vocab)?);
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
         .k(3)
         .sampling(cfg.clone())
         .max_new_tokens(max)
@@ -254,8 +257,12 @@ fn the_grammar_battery_rejects_a_temperature_just_past_its_detection_limit() -> 
     }
     assert!((2.0..3.0).contains(&ratio), "{ratio}");
     let cfg = SamplingConfig::new(off as f32)?.with_seed(9).with_processor(compile(regex)?);
-    let mut dec =
-        SpeculativeDecoder::builder(target, draft).k(3).sampling(cfg).max_new_tokens(max).stop_tokens([EOS]).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target, draft })
+        .k(3)
+        .sampling(cfg)
+        .max_new_tokens(max)
+        .stop_tokens([EOS])
+        .build()?;
     let (c, _, _) = tally(&shifted, &mut dec, &prompt)?;
     fits("temperature off by δ, against its own law", &c, &shifted);
     assert_rejects("temperature off by δ", &c, &exact.values().copied().collect::<Vec<_>>());

@@ -15,7 +15,7 @@ use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::heads::{EagleDraft, EagleHead, EagleVersion, HeadFiles, TargetParts};
 use specdec::models::Features;
 use specdec::{
-    DraftModel, Drafter, DrafterSpec, Engine, Llama, ModelFiles, PlainDecoder, Proposal, Result, SamplingConfig,
+    DraftModel, Drafter, DrafterSpec, Engine, Llama, ModelFiles, Pair, PlainDecoder, Proposal, Result, SamplingConfig,
     SpeculativeDecoder, TargetModel, TreeBudget, TreePolicy, WeightFormat,
 };
 
@@ -145,14 +145,18 @@ fn greedy_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
         PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(40).generate(&prompt)?;
     let shapes = [
         TreePolicy::Never,
-        TreePolicy::Always(TreeBudget::new(2, 4, 8, 1)?),
-        TreePolicy::Always(TreeBudget::new(3, 4, 10, 2)?),
+        TreePolicy::Always("2x4x8".parse::<TreeBudget>()?),
+        TreePolicy::Always("3x4x10x2".parse::<TreeBudget>()?),
     ];
     for spec in random_heads(w.config(), "greedy") {
         for (k, tree) in [(1, shapes[0]), (4, shapes[0]), (4, shapes[1]), (4, shapes[2])] {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(&spec, &files, &mut target, &tok, &Device::Cpu)?;
-            let mut dec = SpeculativeDecoder::builder(target, drafter).k(k).tree(tree).max_new_tokens(40).build()?;
+            let mut dec = SpeculativeDecoder::builder(Pair { target, draft: drafter })
+                .k(k)
+                .tree(tree)
+                .max_new_tokens(40)
+                .build()?;
             // Twice: the second generation starts over on a target that has recorded before.
             for _ in 0..2 {
                 let out = dec.generate(&prompt)?;
@@ -175,12 +179,12 @@ fn coupled_speculation_with_every_head_equals_plain_decoding() -> Result<()> {
     let mut plain = PlainDecoder::new(Llama::new(w.clone())?, cfg.clone()).max_new_tokens(40);
     let expected = [plain.generate(&prompt)?.tokens, plain.generate(&prompt)?.tokens];
     assert_ne!(expected[0], expected[1], "each generation draws fresh noise");
-    let shapes = [TreePolicy::Never, TreePolicy::Always(TreeBudget::new(2, 4, 8, 1)?)];
+    let shapes = [TreePolicy::Never, TreePolicy::Always("2x4x8".parse::<TreeBudget>()?)];
     for spec in random_heads(w.config(), "coupled") {
         for tree in shapes {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(&spec, &files, &mut target, &tok, &Device::Cpu)?;
-            let mut dec = SpeculativeDecoder::builder(target, drafter)
+            let mut dec = SpeculativeDecoder::builder(Pair { target, draft: drafter })
                 .k(4)
                 .tree(tree)
                 .sampling(cfg.clone())
@@ -305,14 +309,14 @@ fn sampled_speculation_with_heads_follows_the_target() -> Result<()> {
         // A chain of an EAGLE-1 head, EAGLE-2 trees of an EAGLE-3 head, Medusa trees.
         let runs = [
             (&heads[0], TreePolicy::Never),
-            (&heads[1], TreePolicy::Always(TreeBudget::new(2, 3, 6, 2)?)),
-            (&heads[2], TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?)),
+            (&heads[1], TreePolicy::Always("2x3x6x2".parse::<TreeBudget>()?)),
+            (&heads[2], TreePolicy::Always("2x3x6".parse::<TreeBudget>()?)),
         ];
         for (j, (spec, tree)) in runs.into_iter().enumerate() {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(spec, &files, &mut target, &tok, &Device::Cpu)?;
             let seed = 1000 + 10 * i as u64 + j as u64;
-            let mut dec = SpeculativeDecoder::builder(target, drafter)
+            let mut dec = SpeculativeDecoder::builder(Pair { target, draft: drafter })
                 .k(3)
                 .tree(tree)
                 .sampling(cfg.clone().with_seed(seed))
@@ -388,7 +392,7 @@ fn head_power_a_target_nudged_just_past_the_detection_limit_is_rejected() -> Res
     let spec = &trained_heads(&files, "power", 60)?[0];
     let mut target = Llama::new(w.clone())?;
     let drafter = Drafter::build(spec, &files, &mut target, &tok, &Device::Cpu)?;
-    let mut dec = SpeculativeDecoder::builder(Nudged(target, nats), drafter)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: Nudged(target, nats), draft: drafter })
         .k(3)
         .sampling(cfg.with_seed(6))
         .max_new_tokens(4)
@@ -483,10 +487,11 @@ fn a_head_without_the_targets_states_is_a_typed_error_every_time() -> Result<()>
     ));
     // A log no target writes: the head has nothing to read.
     let log = Features::from_rows(w.config().hidden_size, Vec::new());
-    let mut dec = SpeculativeDecoder::builder(Llama::new(w.clone())?, EagleDraft::new(head, log)?)
-        .k(3)
-        .max_new_tokens(8)
-        .build()?;
+    let mut dec =
+        SpeculativeDecoder::builder(Pair { target: Llama::new(w.clone())?, draft: EagleDraft::new(head, log)? })
+            .k(3)
+            .max_new_tokens(8)
+            .build()?;
     assert!(matches!(dec.generate(&PROMPT), Err(specdec::Error::NotReady(_))));
     // A second call fails the same typed way: the failed step left nothing half-done.
     assert!(matches!(dec.generate(&PROMPT), Err(specdec::Error::NotReady(_))));

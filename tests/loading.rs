@@ -210,10 +210,10 @@ fn mismatched_tokenizers_are_refused() -> Result<()> {
     let (Some(a), Some(b)) = (model_path(STORIES), model_path(SMOLLM2)) else { return Ok(()) };
     let (ta, tb) = (GgufFile::open(a)?.tokenizer()?, GgufFile::open(b)?.tokenizer()?);
     assert!(matches!(
-        specdec::check_compatible(("stories", &ta), ("smollm2", &tb)),
+        specdec::check_compatible(specdec::Pair { target: ("smollm2", &tb), draft: ("stories", &ta) }),
         Err(Error::TokenizerMismatch { .. })
     ));
-    assert!(specdec::check_compatible(("a", &ta), ("b", &ta)).is_ok());
+    assert!(specdec::check_compatible(specdec::Pair { target: ("b", &ta), draft: ("a", &ta) }).is_ok());
     Ok(())
 }
 

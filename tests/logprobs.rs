@@ -11,7 +11,7 @@ use common::models::{model_path, QWEN_0_5B, QWEN_1_5B, SMOLLM2};
 use specdec::batch::{BatchDecoder, Request};
 use specdec::toy::{MarkovModel, ToyPair};
 use specdec::{
-    Drafter, Engine, Generation, KPolicy, Llama, LlamaWeights, LogprobMode, Logprobs, ModelFiles, NGramDraft,
+    Drafter, Engine, Generation, KPolicy, Llama, LlamaWeights, LogprobMode, Logprobs, ModelFiles, NGramDraft, Pair,
     PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, SuffixCache, SuffixDraft, Tokenizer, TreeBudget,
     TreePolicy, WeightFormat,
 };
@@ -65,13 +65,13 @@ fn toy_logprobs_are_plain_decodings_under_every_shape() -> Result<()> {
     for (what, cfg) in settings(5)? {
         let plain = PlainDecoder::new(target.clone(), cfg.clone()).max_new_tokens(40).generate(&prompt)?;
         assert_eq!(plain.logprobs.len(), 40, "{what}");
-        let tree = TreePolicy::Always(TreeBudget::new(3, 3, 8, 1)?);
+        let tree = TreePolicy::Always("3x3x8".parse::<TreeBudget>()?);
         for (shape, policy, trees) in [
             ("k = 3", KPolicy::Fixed(3), TreePolicy::Never),
             ("adaptive", KPolicy::default(), TreePolicy::Never),
             ("tree", KPolicy::Fixed(3), tree),
         ] {
-            let mut spec = SpeculativeDecoder::builder(target.clone(), draft.clone())
+            let mut spec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
                 .k_policy(policy)
                 .tree(trees)
                 .sampling(cfg.clone())
@@ -83,8 +83,7 @@ fn toy_logprobs_are_plain_decodings_under_every_shape() -> Result<()> {
         let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
         for _ in 0..4 {
             batch.add(
-                target.clone(),
-                draft.clone(),
+                Pair { target: target.clone(), draft: draft.clone() },
                 Request::new(prompt.to_vec()).sampling(cfg.clone()).max_new_tokens(40),
             )?;
         }
@@ -119,7 +118,7 @@ fn toy_logprobs_are_plain_decodings_under_every_shape() -> Result<()> {
 #[test]
 fn logprobs_only_when_asked_and_at_most_twenty() -> Result<()> {
     let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
-    let out = SpeculativeDecoder::builder(target, draft).k(3).max_new_tokens(10).build()?.generate(&[1])?;
+    let out = SpeculativeDecoder::builder(Pair { target, draft }).k(3).max_new_tokens(10).build()?.generate(&[1])?;
     assert!(out.logprobs.is_empty());
     assert!(Logprobs::new(20, LogprobMode::Processed).is_ok());
     assert!(matches!(Logprobs::new(21, LogprobMode::Raw), Err(specdec::Error::InvalidSetting { .. })));
@@ -144,7 +143,7 @@ fn check_drafters(
         .stop_tokens(stop.to_vec())
         .generate(ids)?;
     for (name, drafter, tree) in drafters {
-        let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
+        let mut spec = SpeculativeDecoder::builder(Pair { target: Llama::new(target.clone())?, draft: drafter })
             .k(3)
             .tree(tree)
             .sampling(cfg.clone())
@@ -169,7 +168,7 @@ fn smollm2_logprobs_equal_plain_decodings() -> Result<()> {
     let Some((draft_w, _)) = load(SMOLLM2, "q8_0".parse()?) else { return Ok(()) };
     let (target, vocab, stop) = (&w, w.config().vocab_size, tok.stop_ids());
     let ids = tok.encode(&tok.chat_prompt("List three uses of a paperclip."))?;
-    let tree = TreePolicy::Always(TreeBudget::new(2, 4, 10, 1)?);
+    let tree = TreePolicy::Always("2x4x10".parse::<TreeBudget>()?);
     for (what, cfg) in settings(5)? {
         let suffix = SuffixCache::new(vocab, 1 << 12)?;
         suffix.insert(&ids)?;
@@ -208,7 +207,7 @@ fn batch_of_eight(w: &Arc<LlamaWeights>, draft_w: &Arc<LlamaWeights>, tok: &Toke
     let mut ids = Vec::new();
     for p in &prompts {
         let request = Request::new(p.clone()).sampling(cfg.clone()).max_new_tokens(12).stop_tokens(tok.stop_ids());
-        ids.push(batch.add(Llama::new(w.clone())?, Llama::new(draft_w.clone())?, request)?);
+        ids.push(batch.add(Pair { target: Llama::new(w.clone())?, draft: Llama::new(draft_w.clone())? }, request)?);
     }
     let done = batch.run()?;
     for (id, prompt) in ids.iter().zip(&prompts) {
@@ -229,7 +228,7 @@ fn qwen_pair_logprobs_equal_plain_decodings() -> Result<()> {
     let Some((w, tok)) = load(QWEN_1_5B, WeightFormat::Stored) else { return Ok(()) };
     let Some((draft_w, _)) = load(QWEN_0_5B, WeightFormat::Stored) else { return Ok(()) };
     let ids = tok.encode(&tok.chat_prompt("Write a Python function that checks whether a number is prime."))?;
-    let tree = TreePolicy::Always(TreeBudget::new(2, 4, 10, 1)?);
+    let tree = TreePolicy::Always("2x4x10".parse::<TreeBudget>()?);
     let all = settings(5)?;
     for (what, cfg) in [&all[0], &all[3]] {
         let drafters = vec![

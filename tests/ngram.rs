@@ -8,8 +8,8 @@ use common::check_windows;
 use common::settings;
 use specdec::toy::MarkovModel;
 use specdec::{
-    DraftModel, KPolicy, LookupOr, NGramDraft, PlainDecoder, Proposal, Result, SamplingConfig, SpeculativeDecoder,
-    TokenModel,
+    DraftModel, KPolicy, LookupOr, NGramDraft, Pair, PlainDecoder, Proposal, Result, SamplingConfig,
+    SpeculativeDecoder, TokenModel,
 };
 
 /// Repeats "2 0 5" and holds every token of the vocabulary of 6 before its last position, so
@@ -56,8 +56,10 @@ fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
         for policy in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::Adaptive { max: 6 }] {
             for (min_n, max_n) in [(1, 4), (2, 3), (1, 16)] {
                 let draft = NGramDraft::with_range(vocab, min_n, max_n)?;
-                let mut dec =
-                    SpeculativeDecoder::builder(target.clone(), draft).k_policy(policy).max_new_tokens(60).build()?;
+                let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+                    .k_policy(policy)
+                    .max_new_tokens(60)
+                    .build()?;
                 let out = dec.generate(&prompt)?;
                 assert_eq!(out.tokens, plain.tokens, "seed {seed}, {policy:?}, n {min_n}..={max_n}");
             }
@@ -70,7 +72,8 @@ fn greedy_with_ngram_drafts_equals_plain_greedy() -> Result<()> {
 fn greedy_decoding_that_loops_is_drafted_almost_entirely() -> Result<()> {
     // A greedy Markov chain falls into a cycle, which the drafter then predicts perfectly.
     let target = MarkovModel::random(16, 1, 3);
-    let mut dec = SpeculativeDecoder::builder(target, NGramDraft::new(16)?).k(8).max_new_tokens(400).build()?;
+    let mut dec =
+        SpeculativeDecoder::builder(Pair { target, draft: NGramDraft::new(16)? }).k(8).max_new_tokens(400).build()?;
     let stats = dec.generate(&[1, 2])?.stats;
     assert!(stats.tokens_per_target_call() > 6.0, "{:.2} tokens per call", stats.tokens_per_target_call());
     Ok(())
@@ -88,7 +91,7 @@ fn sequences_with_ngram_drafts_follow_the_target() -> Result<()> {
     for (name, cfg) in settings {
         for k in [1, 2, 4, 7] {
             // The drafter's own block lengths (as long as its match): the law must hold too.
-            let mut dec = SpeculativeDecoder::builder(target.clone(), NGramDraft::new(6)?)
+            let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: NGramDraft::new(6)? })
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(1000 + k as u64)
@@ -98,12 +101,13 @@ fn sequences_with_ngram_drafts_follow_the_target() -> Result<()> {
                 check_windows(&format!("n-gram blocks, {name}, k = {k}"), &mut dec, &target, &cfg, &PROMPT, k, 60_000)?;
             assert_eq!(own.drafted, own.draft_calls, "{name}, k = {k}: the drafter proposed nothing");
             // Every depth up to k: blocks of the decoder's length.
-            let mut dec = SpeculativeDecoder::builder(target.clone(), EveryDepth(NGramDraft::new(6)?))
-                .k(k)
-                .sampling(cfg.clone())
-                .seed(2000 + k as u64)
-                .max_new_tokens(k + 3)
-                .build()?;
+            let mut dec =
+                SpeculativeDecoder::builder(Pair { target: target.clone(), draft: EveryDepth(NGramDraft::new(6)?) })
+                    .k(k)
+                    .sampling(cfg.clone())
+                    .seed(2000 + k as u64)
+                    .max_new_tokens(k + 3)
+                    .build()?;
             let total =
                 check_windows(&format!("n-gram, {name}, k = {k}"), &mut dec, &target, &cfg, &PROMPT, k, 60_000)?;
             // The drafter never ran dry, and every round but the last of each generation could
@@ -129,8 +133,10 @@ fn greedy_with_lookup_or_model_drafts_equals_plain_greedy() -> Result<()> {
         let plain = PlainDecoder::new(target.clone(), SamplingConfig::greedy()).max_new_tokens(60).generate(&prompt)?;
         for policy in [KPolicy::Fixed(1), KPolicy::Fixed(5), KPolicy::Adaptive { max: 6 }] {
             let draft = LookupOr::new(target.noisy_copy(0.5, seed + 100))?;
-            let mut dec =
-                SpeculativeDecoder::builder(target.clone(), draft).k_policy(policy).max_new_tokens(60).build()?;
+            let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+                .k_policy(policy)
+                .max_new_tokens(60)
+                .build()?;
             let out = dec.generate(&prompt)?;
             assert_eq!(out.tokens, plain.tokens, "seed {seed}, {policy:?}");
         }
@@ -151,7 +157,7 @@ fn sequences_with_lookup_or_model_drafts_follow_the_target() -> Result<()> {
     for (name, cfg) in settings()? {
         for k in [2, 5] {
             let draft = LookupOr::new(target.noisy_copy(0.6, 22))?;
-            let mut dec = SpeculativeDecoder::builder(target.clone(), draft)
+            let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
                 .k(k)
                 .sampling(cfg.clone())
                 .seed(2100 + k as u64)

@@ -12,7 +12,7 @@ use candle_core::Device;
 use common::models::{model_path, SMOLLM2, STORIES};
 use specdec::models::native::panic_after_chunks;
 use specdec::{
-    Engine, Llama, LlamaWeights, ModelFiles, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, Tokenizer,
+    Engine, Llama, LlamaWeights, ModelFiles, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, Tokenizer,
     WeightFormat,
 };
 
@@ -73,10 +73,11 @@ fn recovers(name: &str, w: &Arc<LlamaWeights>, ids: &[u32]) -> Result<()> {
         assert_eq!(plain()?.generate(ids)?.tokens, reference, "{what}: a new decoder after the panic");
 
         let what = format!("{name}, speculative, panic after {after} chunks");
-        let mut spec = SpeculativeDecoder::builder(Llama::new(w.clone())?, Llama::new(w.clone())?)
-            .k(4)
-            .max_new_tokens(NEW_TOKENS)
-            .build()?;
+        let mut spec =
+            SpeculativeDecoder::builder(Pair { target: Llama::new(w.clone())?, draft: Llama::new(w.clone())? })
+                .k(4)
+                .max_new_tokens(NEW_TOKENS)
+                .build()?;
         assert_panics(&what, after, || Ok(spec.generate(ids)?.tokens));
         assert_eq!(spec.generate(ids)?.tokens, reference, "{what}: the same decoder after the panic");
     }

@@ -12,7 +12,7 @@ use candle_core::Device;
 use common::models::{model_path, QWEN_0_5B, QWEN_1_5B, SMOLLM2};
 use specdec::batch::{BatchDecoder, Request};
 use specdec::{
-    DraftModel, Drafter, Engine, KPolicy, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, PlainDecoder,
+    DraftModel, Drafter, Engine, KPolicy, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, Pair, PlainDecoder,
     PrefixCache, Result, SamplingConfig, SpeculativeDecoder, SuffixCache, SuffixDraft, TargetModel, TokenModel,
     Tokenizer, TreePolicy, WeightFormat,
 };
@@ -178,7 +178,7 @@ fn decoder(
     stops: &[u32],
     cache: Option<PrefixCache>,
 ) -> Result<SpeculativeDecoder<Llama, Drafter>> {
-    let mut b = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
+    let mut b = SpeculativeDecoder::builder(Pair { target: Llama::new(target.clone())?, draft: drafter })
         .sampling(sampling.clone())
         .k_policy(*policy)
         .tree(*tree)
@@ -270,7 +270,10 @@ fn batch_outputs(
     let mut done = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let req = Request::new(p.clone()).sampling(settings.0[i].clone()).max_new_tokens(16);
-        ids.push(batch.add(Llama::new(target.clone())?, Drafter::Model(Llama::new(draft.clone())?), req)?);
+        ids.push(batch.add(
+            Pair { target: Llama::new(target.clone())?, draft: Drafter::Model(Llama::new(draft.clone())?) },
+            req,
+        )?);
         if i % 2 == 1 {
             batch.step()?;
         }
@@ -354,7 +357,7 @@ fn qwen_pair_conversation_from_the_cache_equals_plain() -> Result<()> {
     let Some((target, draft, tok)) = qwen() else { return Ok(()) };
     let cache = PrefixCache::new(512 << 20);
     let d = Drafter::Model(Llama::new(draft)?);
-    let mut dec = SpeculativeDecoder::builder(Llama::new(target.clone())?, d)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: Llama::new(target.clone())?, draft: d })
         .max_new_tokens(24)
         .stop_tokens(tok.stop_ids())
         .prefix_cache(cache.clone())
@@ -391,12 +394,20 @@ fn chunked_prefill_changes_no_token() -> Result<()> {
     let mut ids = Vec::new();
     for p in &short {
         let req = Request::new(p.clone()).max_new_tokens(24);
-        ids.push(batch.add(Llama::new(target.clone())?, Drafter::Model(Llama::new(draft.clone())?), req)?);
+        ids.push(batch.add(
+            Pair { target: Llama::new(target.clone())?, draft: Drafter::Model(Llama::new(draft.clone())?) },
+            req,
+        )?);
     }
     batch.step()?;
     batch.step()?;
     let req = Request::new(long.clone()).max_new_tokens(8);
-    ids.push(batch.add(Llama::new(target.clone())?, Drafter::Model(Llama::new(draft.clone())?), req)?);
+    ids.push(
+        batch.add(
+            Pair { target: Llama::new(target.clone())?, draft: Drafter::Model(Llama::new(draft.clone())?) },
+            req,
+        )?,
+    );
     let mut steps_prefilling = 0;
     while batch.active() > 0 {
         let stepped = batch.step()?;

@@ -16,8 +16,8 @@ use specdec::batch::{BatchDecoder, Request};
 use specdec::sampling::{Counts, History, LogitsProcessor};
 use specdec::toy::{MarkovModel, PointDraft};
 use specdec::{
-    DraftModel, Error, KPolicy, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel, TreeBudget,
-    TreePolicy,
+    DraftModel, Error, KPolicy, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, TargetModel,
+    TreeBudget, TreePolicy,
 };
 
 const VOCAB: usize = 6;
@@ -150,7 +150,11 @@ fn every_decoder_follows_the_processed_target_law() -> Result<()> {
         let exact = spec.window(&target);
         let cfg = spec.config()?.with_seed(11);
         let build = |cfg: SamplingConfig, tree: TreePolicy| {
-            SpeculativeDecoder::builder(target.clone(), draft.clone()).k(3).tree(tree).sampling(cfg).max_new_tokens(3)
+            SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
+                .k(3)
+                .tree(tree)
+                .sampling(cfg)
+                .max_new_tokens(3)
         };
         let (c, drafted) = counts_of(&mut build(cfg.clone(), TreePolicy::Never).build()?)?;
         assert_fits(&format!("{name}, chain"), &c, &exact);
@@ -158,14 +162,15 @@ fn every_decoder_follows_the_processed_target_law() -> Result<()> {
         let (c, _) = counts_of(&mut build(cfg.clone().coupled(), TreePolicy::Never).build()?)?;
         assert_fits(&format!("{name}, coupled"), &c, &exact);
         // Under processors a tree setting falls back to chains.
-        let tree = TreePolicy::Always(TreeBudget::new(2, 3, 6, 1)?);
+        let tree = TreePolicy::Always("2x3x6".parse::<TreeBudget>()?);
         let (c, _) = counts_of(&mut build(cfg.clone(), tree).build()?)?;
         assert_fits(&format!("{name}, tree setting"), &c, &exact);
-        let mut point = SpeculativeDecoder::builder(target.clone(), PointDraft::new(draft.clone(), 0.2))
-            .k(3)
-            .sampling(cfg.clone())
-            .max_new_tokens(3)
-            .build()?;
+        let mut point =
+            SpeculativeDecoder::builder(Pair { target: target.clone(), draft: PointDraft::new(draft.clone(), 0.2) })
+                .k(3)
+                .sampling(cfg.clone())
+                .max_new_tokens(3)
+                .build()?;
         let (c, _) = counts_of(&mut point)?;
         assert_fits(&format!("{name}, point-mass drafts"), &c, &exact);
         // A batch: eight sequences at a time, each with its own seed and processors.
@@ -175,7 +180,7 @@ fn every_decoder_follows_the_processed_target_law() -> Result<()> {
             for i in 0..8 {
                 let r =
                     Request::new(PROMPT.to_vec()).sampling(cfg.clone().with_seed((n * 8 + i) as u64)).max_new_tokens(3);
-                batch.add(target.clone(), draft.clone(), r)?;
+                batch.add(Pair { target: target.clone(), draft: draft.clone() }, r)?;
             }
             for f in batch.run()? {
                 c[cell(&f.generation.tokens)] += 1;
@@ -218,7 +223,7 @@ fn the_processors_battery_rejects_a_penalty_just_past_its_detection_limit() -> R
         }
     }
     assert!((2.0..3.0).contains(&ratio), "{ratio}");
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone())
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
         .k(3)
         .sampling(off.config()?.with_seed(5))
         .max_new_tokens(3)
@@ -227,8 +232,11 @@ fn the_processors_battery_rejects_a_penalty_just_past_its_detection_limit() -> R
     assert_fits("presence off by δ, against its own law", &c, &off.window(&target));
     assert_rejects("presence off by δ", &c, &exact);
     let plain = Spec { presence: 0.0, ..spec };
-    let mut dec =
-        SpeculativeDecoder::builder(target.clone(), draft).k(3).sampling(spec.config()?).max_new_tokens(3).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+        .k(3)
+        .sampling(spec.config()?)
+        .max_new_tokens(3)
+        .build()?;
     let (c, _) = counts_of(&mut dec)?;
     assert_rejects("the penalty left out of the reference", &c, &plain.window(&target));
     Ok(())
@@ -268,7 +276,7 @@ fn a_processors_state_after_rejected_rounds_equals_a_fresh_one_fed_the_history()
     let cfg = SamplingConfig::new(1.0)?
         .with_seed(3)
         .with_processor(Arc::new(move || Box::new(Checker { counts: Counts::default(), calls: Arc::clone(&c) })));
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone())
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
         .k(4)
         .sampling(cfg.clone())
         .max_new_tokens(40)
@@ -285,7 +293,8 @@ fn a_processors_state_after_rejected_rounds_equals_a_fresh_one_fed_the_history()
         Box::new(Checker { counts: Counts::default(), calls: Arc::new(Mutex::new((0, 0))) })
     }));
     let plain = PlainDecoder::new(target.clone(), greedy.clone()).max_new_tokens(40).generate(&PROMPT)?;
-    let mut spec = SpeculativeDecoder::builder(target, draft).k(4).sampling(greedy).max_new_tokens(40).build()?;
+    let mut spec =
+        SpeculativeDecoder::builder(Pair { target, draft }).k(4).sampling(greedy).max_new_tokens(40).build()?;
     assert_eq!(spec.generate(&PROMPT)?.tokens, plain.tokens);
     Ok(())
 }
@@ -324,17 +333,24 @@ fn bad_settings_are_typed_errors_and_a_failing_processor_leaves_the_decoder_usab
     for cfg in
         [SamplingConfig::new(1.0)?.with_logit_bias(VOCAB as u32, 1.0)?, SamplingConfig::greedy().with_banned([99])]
     {
-        let built = SpeculativeDecoder::builder(target.clone(), draft.clone()).sampling(cfg.clone()).build();
+        let built = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
+            .sampling(cfg.clone())
+            .build();
         assert!(matches!(built, Err(Error::TokenOutOfRange { .. })));
         let mut batch = BatchDecoder::new(KPolicy::Fixed(2))?;
-        let added = batch.add(target.clone(), draft.clone(), Request::new(PROMPT.to_vec()).sampling(cfg));
+        let added = batch
+            .add(Pair { target: target.clone(), draft: draft.clone() }, Request::new(PROMPT.to_vec()).sampling(cfg));
         assert!(matches!(added, Err(Error::TokenOutOfRange { .. })) && batch.active() == 0);
     }
     // A processor that fails mid-generation: a typed error, then the decoder goes on.
     let calls = Arc::new(AtomicUsize::new(0));
     let cfg = SamplingConfig::greedy()
         .with_processor(Arc::new(move || Box::new(FailsOnce { calls: Arc::clone(&calls), at: 7 })));
-    let mut dec = SpeculativeDecoder::builder(target.clone(), draft).k(3).sampling(cfg).max_new_tokens(20).build()?;
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft })
+        .k(3)
+        .sampling(cfg)
+        .max_new_tokens(20)
+        .build()?;
     let mut seen = Vec::new();
     let failed = dec.generate_with(&PROMPT, |t| {
         seen.extend_from_slice(t);

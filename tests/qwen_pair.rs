@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::models::{model_path, QWEN_0_5B, QWEN_1_5B};
 use specdec::{
-    Drafter, DrafterSpec, Engine, Generation, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, PlainDecoder,
-    Result, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat, DRAFT_VOCAB,
+    Drafter, DrafterSpec, Engine, Generation, Llama, LlamaWeights, LookupOr, ModelFiles, NGramDraft, Pair,
+    PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, Tokenizer, WeightFormat, DRAFT_VOCAB,
 };
 
 /// The model as stored, on the native engine at every SIMD level (`Engine::Auto` would pick
@@ -128,7 +128,7 @@ fn qwen_pair_greedy_speculative_equals_plain() -> Result<()> {
             ),
         ];
         for (what, drafter, k) in drafters {
-            let mut builder = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
+            let mut builder = SpeculativeDecoder::builder(Pair { target: Llama::new(target.clone())?, draft: drafter })
                 .max_new_tokens(new_tokens)
                 .stop_tokens(stop.clone());
             if let Some(k) = k {
@@ -298,7 +298,7 @@ fn qwen_pair_greedy_with_processors_equals_plain() -> Result<()> {
     for (what, drafter) in
         [("0.5B", Drafter::Model(Llama::new(draft.clone())?)), ("n-gram", Drafter::NGram(NGramDraft::new(vocab)?))]
     {
-        let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, drafter)
+        let mut spec = SpeculativeDecoder::builder(Pair { target: Llama::new(target.clone())?, draft: drafter })
             .k(3)
             .sampling(cfg.clone())
             .max_new_tokens(24)
@@ -336,11 +336,14 @@ fn qwen_pair_json_benchmark_output_is_schema_valid_and_equals_plain() -> Result<
             .max_new_tokens(256)
             .stop_tokens(tok.stop_ids())
             .generate(&ids)?;
-        let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, Llama::new(draft.clone())?)
-            .sampling(cfg)
-            .max_new_tokens(256)
-            .stop_tokens(tok.stop_ids())
-            .build()?;
+        let mut spec = SpeculativeDecoder::builder(Pair {
+            target: Llama::new(target.clone())?,
+            draft: Llama::new(draft.clone())?,
+        })
+        .sampling(cfg)
+        .max_new_tokens(256)
+        .stop_tokens(tok.stop_ids())
+        .build()?;
         let out = spec.generate(&ids)?;
         assert_same(&format!("JSON schema {name}"), &out, &plain, &tok);
         assert_eq!(out.finish, FinishReason::Stop, "{name}: {}", tok.decode(&out.tokens)?);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::Device;
 use common::models::{head_path, model_path, GEMMA3, SMOLLM2, STORIES};
 use specdec::{
-    Drafter, DrafterSpec, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, PlainDecoder, Result,
+    Drafter, DrafterSpec, Generation, Llama, LlamaWeights, ModelFiles, NGramDraft, Pair, PlainDecoder, Result,
     SamplingConfig, SpeculativeDecoder, TargetModel, Tokenizer, TreeBudget, TreePolicy, WeightFormat,
 };
 
@@ -167,17 +167,20 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
             .stop_tokens(stop.clone())
             .generate(&ids)?;
         for k in [1, 3, 5] {
-            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
-                .k(k)
-                .max_new_tokens(new_tokens)
-                .stop_tokens(stop.clone())
-                .build()?;
+            let mut spec = SpeculativeDecoder::builder(Pair {
+                target: Llama::new(target_w.clone())?,
+                draft: Llama::new(draft_w.clone())?,
+            })
+            .k(k)
+            .max_new_tokens(new_tokens)
+            .stop_tokens(stop.clone())
+            .build()?;
             let out = spec.generate(&ids)?;
             assert_same(&format!("{name}, k = {k}, prompt {prompt:?}"), &out, &plain, &tok);
             assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
         }
         // Trees: the model draft's EAGLE-2 expansion, and n-gram matches, scored in one call.
-        let tree = TreePolicy::Always(TreeBudget::new(2, 4, 10, 1)?);
+        let tree = TreePolicy::Always("2x4x10".parse::<TreeBudget>()?);
         let vocab = target_w.config().vocab_size;
         let drafters = [Drafter::Model(Llama::new(draft_w.clone())?), Drafter::NGram(NGramDraft::new(vocab)?)];
         for draft in drafters {
@@ -185,7 +188,7 @@ fn greedy_matches(name: &str, draft_format: WeightFormat, prompts: &[&str], new_
                 "{name}, {} tree, prompt {prompt:?}",
                 if matches!(draft, Drafter::NGram(_)) { "n-gram" } else { "model" }
             );
-            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, draft)
+            let mut spec = SpeculativeDecoder::builder(Pair { target: Llama::new(target_w.clone())?, draft })
                 .tree(tree)
                 .max_new_tokens(new_tokens)
                 .stop_tokens(stop.clone())
@@ -239,12 +242,14 @@ fn seeded_sampling_is_reproducible_on_real_weights() -> Result<()> {
     let ids = prompt_ids(&tok, "Once upon a time");
     let cfg = SamplingConfig::new(0.8)?.with_top_p(0.95)?.with_seed(17);
     let run = || -> Result<Vec<u32>> {
-        let mut dec =
-            SpeculativeDecoder::builder(Llama::new(w.clone())?, Llama::with_layers(w.clone(), vec![0, 1, 2])?)
-                .k(3)
-                .sampling(cfg.clone())
-                .max_new_tokens(50)
-                .build()?;
+        let mut dec = SpeculativeDecoder::builder(Pair {
+            target: Llama::new(w.clone())?,
+            draft: Llama::with_layers(w.clone(), vec![0, 1, 2])?,
+        })
+        .k(3)
+        .sampling(cfg.clone())
+        .max_new_tokens(50)
+        .build()?;
         Ok(dec.generate(&ids)?.tokens)
     };
     let first = run()?;
@@ -284,12 +289,16 @@ fn smollm2_greedy_speculation_with_trained_heads_equals_plain() -> Result<()> {
         let spec: DrafterSpec = format!("{kind}:{}", dir.display()).parse()?;
         for tree in [
             TreePolicy::Never,
-            TreePolicy::Always(TreeBudget::new(2, 5, 10, 1)?),
-            TreePolicy::Always(TreeBudget::new(3, 4, 12, 3)?),
+            TreePolicy::Always("2x5x10".parse::<TreeBudget>()?),
+            TreePolicy::Always("3x4x12x3".parse::<TreeBudget>()?),
         ] {
             let mut target = Llama::new(w.clone())?;
             let drafter = Drafter::build(&spec, &files, &mut target, &tok, &device())?;
-            let mut dec = SpeculativeDecoder::builder(target, drafter).k(4).tree(tree).max_new_tokens(32).build()?;
+            let mut dec = SpeculativeDecoder::builder(Pair { target, draft: drafter })
+                .k(4)
+                .tree(tree)
+                .max_new_tokens(32)
+                .build()?;
             let mut plain = PlainDecoder::new(Llama::new(w.clone())?, SamplingConfig::greedy()).max_new_tokens(32);
             for p in prompts {
                 let ids = prompt_ids(&tok, &tok.chat_prompt(p));
@@ -319,11 +328,14 @@ fn greedy_with_processors_equals_plain_with_them() -> Result<()> {
             .with_banned([first(" the")]);
         let plain = PlainDecoder::new(Llama::new(target_w.clone())?, cfg.clone()).max_new_tokens(32).generate(&ids)?;
         for k in [1, 4] {
-            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
-                .k(k)
-                .sampling(cfg.clone())
-                .max_new_tokens(32)
-                .build()?;
+            let mut spec = SpeculativeDecoder::builder(Pair {
+                target: Llama::new(target_w.clone())?,
+                draft: Llama::new(draft_w.clone())?,
+            })
+            .k(k)
+            .sampling(cfg.clone())
+            .max_new_tokens(32)
+            .build()?;
             let out = spec.generate(&ids)?;
             assert_same(&format!("{name} with processors, k = {k}"), &out, &plain, &tok);
             assert!(out.stats.accepted > 0, "{name}, k = {k}: the draft never helped");
@@ -367,12 +379,15 @@ fn greedy_with_a_json_grammar_equals_plain_with_it() -> Result<()> {
             .generate(&ids)?;
         assert_same(&format!("{name}, the grammar on the tokenizer.json"), &hf_plain, &plain, &tok);
         for k in [1, 4] {
-            let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, Llama::new(draft_w.clone())?)
-                .k(k)
-                .sampling(cfg.clone())
-                .max_new_tokens(48)
-                .stop_tokens(tok.stop_ids())
-                .build()?;
+            let mut spec = SpeculativeDecoder::builder(Pair {
+                target: Llama::new(target_w.clone())?,
+                draft: Llama::new(draft_w.clone())?,
+            })
+            .k(k)
+            .sampling(cfg.clone())
+            .max_new_tokens(48)
+            .stop_tokens(tok.stop_ids())
+            .build()?;
             let out = spec.generate(&ids)?;
             assert_same(&format!("{name} with a JSON grammar, k = {k}"), &out, &plain, &tok);
             eprintln!("{name}, k = {k}: {} forced of {}: {text}", out.stats.forced_tokens, out.stats.new_tokens);
@@ -391,10 +406,13 @@ fn greedy_with_suffix_drafts_equals_plain_across_a_trace() -> Result<()> {
     let Some((target_w, tok)) = load(SMOLLM2, WeightFormat::Stored) else { return Ok(()) };
     let trace = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/workloads/agent.jsonl"))?;
     let cache = SuffixCache::new(target_w.config().vocab_size, 1 << 16)?;
-    let mut spec = SpeculativeDecoder::builder(Llama::new(target_w.clone())?, SuffixDraft::new(cache.clone())?)
-        .max_new_tokens(40)
-        .stop_tokens(tok.stop_ids())
-        .build()?;
+    let mut spec = SpeculativeDecoder::builder(Pair {
+        target: Llama::new(target_w.clone())?,
+        draft: SuffixDraft::new(cache.clone())?,
+    })
+    .max_new_tokens(40)
+    .stop_tokens(tok.stop_ids())
+    .build()?;
     let mut plain = PlainDecoder::new(Llama::new(target_w)?, SamplingConfig::greedy())
         .max_new_tokens(40)
         .stop_tokens(tok.stop_ids());

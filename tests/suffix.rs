@@ -14,8 +14,8 @@ use common::{
 use specdec::batch::{BatchDecoder, Request};
 use specdec::toy::MarkovModel;
 use specdec::{
-    Error, KPolicy, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, SuffixCache, SuffixDraft, TreeBudget,
-    TreePolicy,
+    Error, KPolicy, Pair, PlainDecoder, Result, SamplingConfig, SpeculativeDecoder, SuffixCache, SuffixDraft,
+    TreeBudget, TreePolicy,
 };
 
 const VOCAB: usize = 6;
@@ -39,15 +39,17 @@ fn suffix_chains_and_trees_follow_the_target() -> Result<()> {
     let target = MarkovModel::random(VOCAB, 2, 21);
     for (name, cfg) in settings()? {
         let cache = warm_cache(&target)?;
-        for (shape, tree) in [("chain", TreePolicy::Never), ("tree", TreePolicy::Always(TreeBudget::new(3, 3, 8, 1)?))]
+        for (shape, tree) in
+            [("chain", TreePolicy::Never), ("tree", TreePolicy::Always("3x3x8".parse::<TreeBudget>()?))]
         {
-            let mut dec = SpeculativeDecoder::builder(target.clone(), SuffixDraft::new(cache.clone())?)
-                .k(3)
-                .tree(tree)
-                .sampling(cfg.clone())
-                .seed(31)
-                .max_new_tokens(6)
-                .build()?;
+            let mut dec =
+                SpeculativeDecoder::builder(Pair { target: target.clone(), draft: SuffixDraft::new(cache.clone())? })
+                    .k(3)
+                    .tree(tree)
+                    .sampling(cfg.clone())
+                    .seed(31)
+                    .max_new_tokens(6)
+                    .build()?;
             let total =
                 check_windows(&format!("suffix {shape}, {name}"), &mut dec, &target, &cfg, &PROMPT, 3, SAMPLES)?;
             let alpha = total.position_acceptance();
@@ -69,7 +71,7 @@ fn a_batch_shares_one_cache_and_follows_the_target() -> Result<()> {
     for n in 0..SAMPLES / 8 {
         for i in 0..8 {
             let r = Request::new(PROMPT.to_vec()).sampling(cfg.clone().with_seed((n * 8 + i) as u64)).max_new_tokens(3);
-            batch.add(target.clone(), SuffixDraft::new(cache.clone())?, r)?;
+            batch.add(Pair { target: target.clone(), draft: SuffixDraft::new(cache.clone())? }, r)?;
         }
         for f in batch.run()? {
             counts[common::cell(&f.generation.tokens, 0, 3, VOCAB)] += 1;
@@ -86,12 +88,13 @@ fn the_suffix_battery_rejects_a_target_just_past_its_detection_limit() -> Result
     let cfg = SamplingConfig::new(1.0)?;
     let (nudged, _, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
     assert!(ratio < 3.0, "{ratio}");
-    let mut dec = SpeculativeDecoder::builder(nudged.clone(), SuffixDraft::new(warm_cache(&target)?)?)
-        .k(3)
-        .sampling(cfg.clone())
-        .seed(5)
-        .max_new_tokens(6)
-        .build()?;
+    let mut dec =
+        SpeculativeDecoder::builder(Pair { target: nudged.clone(), draft: SuffixDraft::new(warm_cache(&target)?)? })
+            .k(3)
+            .sampling(cfg.clone())
+            .seed(5)
+            .max_new_tokens(6)
+            .build()?;
     let ([counts, _], _) = window_counts(&mut dec, VOCAB, &PROMPT, 3, SAMPLES)?;
     assert_nudge_rejected("suffix chains", &counts, (&target, &nudged), &cfg, &PROMPT);
     Ok(())
@@ -161,10 +164,11 @@ fn threads_share_one_cache_safely() -> Result<()> {
             .map(|i| {
                 let (target, cache) = (target.clone(), cache.clone());
                 s.spawn(move || -> Result<Vec<Vec<u32>>> {
-                    let mut dec = SpeculativeDecoder::builder(target.clone(), SuffixDraft::new(cache)?)
-                        .k(3)
-                        .max_new_tokens(20)
-                        .build()?;
+                    let mut dec =
+                        SpeculativeDecoder::builder(Pair { target: target.clone(), draft: SuffixDraft::new(cache)? })
+                            .k(3)
+                            .max_new_tokens(20)
+                            .build()?;
                     let plain =
                         PlainDecoder::new(target, SamplingConfig::greedy()).max_new_tokens(20).generate(&[i, 2])?;
                     let mut outs = Vec::new();
@@ -241,7 +245,7 @@ fn a_misleading_cache_costs_little_against_plain_decoding() -> Result<()> {
         cache.insert(&r.iter().map(|t| t % 16).collect::<Vec<u32>>())?;
     }
     let clock = Clock::manual();
-    let mut dec = SpeculativeDecoder::builder(timed(&clock), SuffixDraft::new(cache)?)
+    let mut dec = SpeculativeDecoder::builder(Pair { target: timed(&clock), draft: SuffixDraft::new(cache)? })
         .sampling(cfg)
         .max_new_tokens(200)
         .clock(clock)

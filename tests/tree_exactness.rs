@@ -21,7 +21,7 @@ use specdec::kernel::{self, DraftRow, TreeNode, TreeVerdict};
 use specdec::sampling::sample;
 use specdec::toy::MarkovModel;
 use specdec::TokenModel;
-use specdec::{DraftModel, NGramDraft, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy};
+use specdec::{DraftModel, NGramDraft, Pair, Result, SamplingConfig, SpeculativeDecoder, TreeBudget, TreePolicy};
 
 const VOCAB: usize = 6;
 const PROMPT: [u32; 3] = [2, 0, 5];
@@ -223,7 +223,7 @@ fn decoder_follows_the_target<D: DraftModel + Clone>(
 ) -> Result<()> {
     let (target, _) = pair();
     for (i, (name, cfg)) in settings()?.into_iter().enumerate() {
-        let mut dec = SpeculativeDecoder::builder(target.clone(), draft.clone())
+        let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: draft.clone() })
             .tree(TreePolicy::Always(budget))
             .sampling(cfg.clone().with_seed(seed + i as u64))
             .max_new_tokens(7)
@@ -242,8 +242,8 @@ fn decoder_follows_the_target<D: DraftModel + Clone>(
 fn the_decoder_with_model_trees_follows_the_target() -> Result<()> {
     let (_, draft) = pair();
     // First children expanded (chain cost), then the best two per level (EAGLE-2).
-    decoder_follows_the_target("model", &draft, TreeBudget::new(2, 3, 5, 1)?, 90)?;
-    decoder_follows_the_target("model, 2 expanded per level,", &draft, TreeBudget::new(3, 3, 8, 2)?, 100)
+    decoder_follows_the_target("model", &draft, "2x3x5".parse::<TreeBudget>()?, 90)?;
+    decoder_follows_the_target("model, 2 expanded per level,", &draft, "3x3x8x2".parse::<TreeBudget>()?, 100)
 }
 
 /// Power near the detection limit of the decoder's tree battery (60,000 generations): the
@@ -255,8 +255,8 @@ fn the_decoder_tree_battery_rejects_a_law_just_past_its_detection_limit() -> Res
     let cfg = SamplingConfig::new(1.0)?;
     let (nudged, eps, ratio) = nudged_past_the_limit(&target, &cfg, &PROMPT, 0, SAMPLES);
     assert!(ratio < 3.0 && eps < 0.05, "ε = {eps}, {ratio:.2} times the limit: not near the limit");
-    let mut dec = SpeculativeDecoder::builder(nudged.clone(), draft)
-        .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8, 2)?))
+    let mut dec = SpeculativeDecoder::builder(Pair { target: nudged.clone(), draft })
+        .tree(TreePolicy::Always("3x3x8x2".parse::<TreeBudget>()?))
         .sampling(cfg.clone().with_seed(120))
         .max_new_tokens(7)
         .build()?;
@@ -267,7 +267,7 @@ fn the_decoder_tree_battery_rejects_a_law_just_past_its_detection_limit() -> Res
 
 #[test]
 fn the_decoder_with_ngram_trees_follows_the_target() -> Result<()> {
-    decoder_follows_the_target("n-gram", &NGramDraft::with_range(VOCAB, 1, 2)?, TreeBudget::new(3, 3, 8, 1)?, 95)
+    decoder_follows_the_target("n-gram", &NGramDraft::with_range(VOCAB, 1, 2)?, "3x3x8".parse::<TreeBudget>()?, 95)
 }
 
 /// A target whose tree call ignores the tree and scores its tokens as one chain: the attention
@@ -306,8 +306,8 @@ impl specdec::TargetModel for MaskIgnored {
 fn decoder_power_a_tree_call_without_its_mask_is_rejected() -> Result<()> {
     let (target, draft) = pair();
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(MaskIgnored(target.clone()), draft)
-        .tree(TreePolicy::Always(TreeBudget::new(3, 3, 8, 1)?))
+    let mut dec = SpeculativeDecoder::builder(Pair { target: MaskIgnored(target.clone()), draft })
+        .tree(TreePolicy::Always("3x3x8".parse::<TreeBudget>()?))
         .sampling(cfg.clone().with_seed(99))
         .max_new_tokens(LEN)
         .build()?;
@@ -366,8 +366,8 @@ impl DraftModel for KeepsLikelyDraws {
 fn decoder_power_a_draw_kept_by_its_own_value_is_rejected() -> Result<()> {
     let (target, draft) = pair();
     let cfg = SamplingConfig::new(1.0)?;
-    let mut dec = SpeculativeDecoder::builder(target.clone(), KeepsLikelyDraws(draft))
-        .tree(TreePolicy::Always(TreeBudget::new(1, 1, 1, 1)?))
+    let mut dec = SpeculativeDecoder::builder(Pair { target: target.clone(), draft: KeepsLikelyDraws(draft) })
+        .tree(TreePolicy::Always("1x1x1".parse::<TreeBudget>()?))
         .sampling(cfg.clone().with_seed(98))
         .max_new_tokens(LEN)
         .build()?;

@@ -10,7 +10,9 @@ use anyhow::Result;
 use serde_json::json;
 use specdec::adaptive::CostModel;
 use specdec::batch::{BatchDecoder, Request, MAX_ROWS};
-use specdec::{KPolicy, Llama, LlamaWeights, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel};
+use specdec::{
+    KPolicy, Llama, LlamaWeights, Pair, PlainDecoder, SamplingConfig, SpeculativeDecoder, Stats, TargetModel,
+};
 
 use crate::chart::{line_chart, Series};
 
@@ -160,8 +162,7 @@ fn measure(
     for i in 0..b {
         let prompt = plan.prompts[i % plan.prompts.len()].clone();
         batch.add(
-            Llama::new(target.clone())?,
-            Llama::new(draft.clone())?,
+            Pair { target: Llama::new(target.clone())?, draft: Llama::new(draft.clone())? },
             Request::new(prompt).sampling(plan.sampling(i)?).max_new_tokens(plan.tokens),
         )?;
     }
@@ -188,11 +189,12 @@ fn measure(
 /// of `plan.repeats` runs each, alternating.
 fn single_sequence(target: &Arc<LlamaWeights>, draft: &Arc<LlamaWeights>, plan: &Plan) -> Result<[f64; 4]> {
     let mut plain = PlainDecoder::new(Llama::new(target.clone())?, plan.sampling(0)?).max_new_tokens(plan.tokens);
-    let mut spec = SpeculativeDecoder::builder(Llama::new(target.clone())?, Llama::new(draft.clone())?)
-        .k_policy(KPolicy::default())
-        .sampling(plan.sampling(0)?)
-        .max_new_tokens(plan.tokens)
-        .build()?;
+    let mut spec =
+        SpeculativeDecoder::builder(Pair { target: Llama::new(target.clone())?, draft: Llama::new(draft.clone())? })
+            .k_policy(KPolicy::default())
+            .sampling(plan.sampling(0)?)
+            .max_new_tokens(plan.tokens)
+            .build()?;
     let rates = |s: &Stats| [s.tokens_per_sec(), s.new_tokens as f64 / (s.decode_secs + s.prefill_secs).max(1e-9)];
     let mut sum = [0.0; 4];
     for _ in 0..plan.repeats.max(1) {

@@ -23,8 +23,8 @@ use specdec::grammar::{Grammar, GrammarVocab};
 use specdec::sampling::{argmax, ProcessorFactory};
 use specdec::stats::{predicted_speedup, predicted_speedup_with_verify};
 use specdec::{
-    Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, PlainDecoder, SamplingConfig,
-    SpeculativeDecoder, Stats, TargetModel, Tokenizer, TreePolicy, WeightFormat,
+    Drafter, DrafterSpec, Generation, KPolicy, Llama, LlamaWeights, Logits, ModelFiles, Pair, PlainDecoder,
+    SamplingConfig, SpeculativeDecoder, Stats, TargetModel, Tokenizer, TreePolicy, WeightFormat,
 };
 
 #[derive(Parser)]
@@ -243,7 +243,7 @@ fn main() -> Result<()> {
                 if let Some(note) = drafter.note() {
                     eprintln!("  {spec}: {note}");
                 }
-                let mut dec = SpeculativeDecoder::builder(verifier, drafter)
+                let mut dec = SpeculativeDecoder::builder(Pair { target: verifier, draft: drafter })
                     .k_policy(k)
                     .tree(tree)
                     .sampling(sampling.clone())

@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use specdec::chat::ChatMessage;
 use specdec::{
-    Drafter, DrafterSpec, KPolicy, Llama, ModelFiles, PlainDecoder, SamplingConfig, SpeculativeDecoder, Tokenizer,
-    TreePolicy,
+    Drafter, DrafterSpec, KPolicy, Llama, ModelFiles, Pair, PlainDecoder, SamplingConfig, SpeculativeDecoder,
+    Tokenizer, TreePolicy,
 };
 
 use crate::Args;
@@ -91,7 +91,7 @@ pub fn run(
             let mut verifier = Llama::new(target.clone())?;
             let drafter = Drafter::build(&spec, files, &mut verifier, tok, &device)?;
             let policy: KPolicy = args.ks.split(',').next().unwrap_or("auto").parse()?;
-            let mut dec = SpeculativeDecoder::builder(verifier, drafter)
+            let mut dec = SpeculativeDecoder::builder(Pair { target: verifier, draft: drafter })
                 .k_policy(policy)
                 .tree(tree)
                 .sampling(sampling.clone())

@@ -169,8 +169,8 @@ mod tests {
     fn text_forms_parse() -> Result<()> {
         assert_eq!("none".parse::<TreePolicy>()?, TreePolicy::Never);
         assert_eq!("auto".parse::<TreePolicy>()?, TreePolicy::Adaptive(TreeBudget::default()));
-        assert_eq!("3x4x10".parse::<TreePolicy>()?, TreePolicy::Always(TreeBudget::new(3, 4, 10, 1)?));
-        for p in [TreePolicy::Adaptive(TreeBudget::new(2, 6, 16, 3)?), TreePolicy::Always(TreeBudget::default())] {
+        assert_eq!("3x4x10".parse::<TreePolicy>()?, TreePolicy::Always("3x4x10".parse::<TreeBudget>()?));
+        for p in [TreePolicy::Adaptive("2x6x16x3".parse::<TreeBudget>()?), TreePolicy::Always(TreeBudget::default())] {
             assert_eq!(p.to_string().parse::<TreePolicy>()?, p);
         }
         for bad in ["", "auto:", "2x3", "0x3x4", "2x3x65", "2x3x4x0", "tree:2x3x4", "ax3x4"] {

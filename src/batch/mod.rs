@@ -18,6 +18,7 @@ use crate::decoder::{Driver, Member, Start};
 pub use crate::decoder::{SeqId, MAX_ROWS};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
+use crate::pair::Pair;
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, Generation, TokenLogprob};
@@ -110,12 +111,12 @@ pub struct Finished<T, D> {
 /// ```
 /// use specdec::batch::{BatchDecoder, Request};
 /// use specdec::KPolicy;
-/// use specdec::{toy::{MarkovModel, ToyPair}, SamplingConfig};
-/// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
+/// use specdec::{toy::MarkovModel, SamplingConfig};
+/// let pair = MarkovModel::pair(16, 0.2, 7);
 /// let mut batch = BatchDecoder::new(KPolicy::Fixed(3))?;
-/// batch.add(target.clone(), draft.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
+/// batch.add(pair.clone(), Request::new(vec![1, 2]).max_new_tokens(20))?;
 /// let sampled = SamplingConfig::new(0.8)?.with_seed(5);
-/// batch.add(target, draft, Request::new(vec![3]).sampling(sampled).max_new_tokens(10))?;
+/// batch.add(pair, Request::new(vec![3]).sampling(sampled).max_new_tokens(10))?;
 /// let done = batch.run()?;
 /// assert_eq!(done.len(), 2);
 /// # Ok::<(), specdec::Error>(())
@@ -210,8 +211,7 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
         self.driver.fault = crate::decoder::Injected::new(Some(fault));
     }
 
-    /// Adds a sequence that generates `request` with its own `target` and `draft` (target
-    /// first, as [`SpeculativeDecoder::builder`](crate::SpeculativeDecoder::builder); for
+    /// Adds a sequence that generates `request` with its own target and draft (for
     /// `Llama` (feature `models`), instances over the same shared weights as the other
     /// sequences', so that one pass serves them all). Both are reset and the target is fed the
     /// prompt; the draft catches up on it (in one batched call with the others) the first time
@@ -220,7 +220,8 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     /// # Errors
     /// [`Error::VocabMismatch`], bad prompts and stop tokens, model failures (the batch is
     /// unchanged).
-    pub fn add(&mut self, target: T, draft: D, request: Request) -> Result<SeqId> {
+    pub fn add(&mut self, pair: Pair<T, D>, request: Request) -> Result<SeqId> {
+        let Pair { target, draft } = pair;
         let id = SeqId(self.next_id);
         let fixed_k = match request.k.map(KPolicy::check).transpose()? {
             None => None,

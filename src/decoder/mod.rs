@@ -25,6 +25,7 @@ use std::ops::ControlFlow;
 use crate::adaptive::{Acceptance, CostModel, KPolicy, Prober, ShapeChooser, TreePolicy};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
+use crate::pair::Pair;
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingConfig;
 use crate::stats::{Clock, FinishReason, Generation, Stats, TokenLogprob};
@@ -166,20 +167,20 @@ pub struct SpeculativeDecoder<T, D> {
 }
 
 impl<T: TargetModel, D: DraftModel> SpeculativeDecoder<T, D> {
-    /// Starts a builder for `target`, the model whose distribution the output follows, and
-    /// `draft`, the model that proposes (target first, as everywhere the crate takes both),
+    /// Starts a builder for `pair.target`, the model whose distribution the output follows, and
+    /// `pair.draft`, the model that proposes,
     /// with adaptive k (up to 8, down to plain decoding when drafting does not pay), greedy
     /// sampling, 128 new tokens and no stop token.
     ///
     /// # Example
     /// ```
-    /// use specdec::{toy::{MarkovModel, ToyPair}, SpeculativeDecoder};
-    /// let ToyPair { target, draft } = MarkovModel::pair(16, 0.2, 7);
-    /// let mut dec = SpeculativeDecoder::builder(target, draft).k(3).max_new_tokens(20).build()?;
+    /// use specdec::{toy::MarkovModel, SpeculativeDecoder};
+    /// let mut dec = SpeculativeDecoder::builder(MarkovModel::pair(16, 0.2, 7)).k(3).max_new_tokens(20).build()?;
     /// assert_eq!(dec.generate(&[1, 2])?.tokens.len(), 20);
     /// # Ok::<(), specdec::Error>(())
     /// ```
-    pub fn builder(target: T, draft: D) -> DecoderBuilder<T, D> {
+    pub fn builder(pair: Pair<T, D>) -> DecoderBuilder<T, D> {
+        let Pair { target, draft } = pair;
         DecoderBuilder {
             draft,
             target,

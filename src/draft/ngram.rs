@@ -240,13 +240,13 @@ mod tests {
             (crate::SamplingConfig::greedy(), <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0));
         let picker = &mut ChildPicker::new(&sampling, &mut rng);
         // "5" is followed by 6 7 and, more recently, by 8 9; "4 5" only by 6 7.
-        let tree = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 8, 1)?, picker)?;
+        let tree = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], "3x2x8".parse::<TreeBudget>()?, picker)?;
         assert_eq!(tree.tokens(), &[6, 7, 8, 9]);
         assert_eq!(tree.parents(), &[None, Some(0), None, Some(2)]);
         assert_eq!(d.context().len(), 11);
         // The node budget cuts the second branch.
         d.truncate(0)?;
-        let small = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], TreeBudget::new(3, 2, 3, 1)?, picker)?;
+        let small = d.propose_tree(&[4, 5, 6, 7, 1, 5, 8, 9, 2, 4, 5], "3x2x3".parse::<TreeBudget>()?, picker)?;
         assert_eq!(small.tokens(), &[6, 7, 8]);
         Ok(())
     }

@@ -246,7 +246,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let sampling = crate::SamplingConfig::greedy();
         let mut picker = ChildPicker::new(&sampling, &mut rng);
-        let tree = d.propose_tree(&[2, 3, 8, 9, 2, 3], TreeBudget::new(3, 2, 8, 1)?, &mut picker)?;
+        let tree = d.propose_tree(&[2, 3, 8, 9, 2, 3], "3x2x8".parse::<TreeBudget>()?, &mut picker)?;
         let mut firsts: Vec<u32> =
             (0..tree.len()).filter(|&i| tree.parents()[i].is_none()).map(|i| tree.tokens()[i]).collect();
         firsts.sort_unstable();

@@ -17,6 +17,7 @@ use crate::models::format::WeightFormat;
 use crate::models::llama::LlamaWeights;
 use crate::models::tensors::to_interleaved;
 pub use crate::models::tensors::TensorSource;
+use crate::pair::Pair;
 use crate::tokenizer::Tokenizer;
 
 pub use gguf::GgufFile;
@@ -142,11 +143,12 @@ impl ModelFiles {
 }
 
 /// Checks that a draft and a target can be paired: the same tokenizer (the same token → id
-/// map) and the same vocabulary size.
+/// map) and the same vocabulary size; each is named (`("model.gguf", &tokenizer)`).
 ///
 /// # Errors
 /// [`Error::TokenizerMismatch`] naming both models.
-pub fn check_compatible(draft: (&str, &Tokenizer), target: (&str, &Tokenizer)) -> Result<()> {
+pub fn check_compatible(pair: Pair<(&str, &Tokenizer), (&str, &Tokenizer)>) -> Result<()> {
+    let Pair { target, draft } = pair;
     let (d, t) = (draft.1, target.1);
     let detail = if d.vocab_size() != t.vocab_size() {
         format!("{} vs {} tokens", d.vocab_size(), t.vocab_size())

@@ -236,7 +236,7 @@ mod tests {
         let mut picker = ChildPicker::new(&sampling, &mut rng);
         for expand in [1, 2] {
             let mut model = MarkovModel::random(8, 1, 3);
-            let tree = expand_tree(&mut model, &[1, 2], TreeBudget::new(2, 3, 6, expand)?, &mut picker)?;
+            let tree = expand_tree(&mut model, &[1, 2], format!("2x3x6x{expand}").parse()?, &mut picker)?;
             assert_eq!(tree.len(), 6, "expand {expand}");
             assert_eq!(tree.tokens()[0], rank(&model, 2)[0]);
             for (i, &p) in tree.parents().iter().enumerate() {

@@ -31,6 +31,7 @@ use crate::adaptive::{CostModel, KPolicy};
 use crate::batch::{BatchDecoder, Finished, Request, SeqId};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
+use crate::pair::Pair;
 use crate::prefix::{PrefixCache, DEFAULT_BUDGET};
 use crate::stats::{FinishReason, Stats, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -416,7 +417,7 @@ impl<T: TargetModel, D: DraftModel> Scheduler<T, D> {
                     Some(m) => m,
                     None => (self.models)()?,
                 };
-                self.batch.add(target, draft, q.job.request.clone())
+                self.batch.add(Pair { target, draft }, q.job.request.clone())
             }));
             match flatten(added) {
                 Ok(id) => {

@@ -29,11 +29,12 @@ pub struct TreeBudget {
 
 impl TreeBudget {
     /// A budget of `nodes` nodes, `width` children per expanded node, `depth` levels, `expand`
-    /// nodes expanded per level.
+    /// nodes expanded per level. Public code writes `"WxDxN".parse()` or `"WxDxNxE".parse()`,
+    /// where the order is in plain sight, rather than four integers that compile swapped.
     ///
     /// # Errors
     /// [`Error::InvalidSetting`] when any is 0 or `nodes` exceeds [`TreeBudget::MAX_NODES`].
-    pub fn new(width: usize, depth: usize, nodes: usize, expand: usize) -> Result<Self> {
+    fn new(width: usize, depth: usize, nodes: usize, expand: usize) -> Result<Self> {
         let sizes = [("tree width", width), ("tree depth", depth), ("tree nodes", nodes), ("tree expand", expand)];
         for (name, value) in sizes {
             if value == 0 {
@@ -448,12 +449,12 @@ mod tests {
 
     #[test]
     fn budgets_are_checked_and_parse() -> Result<()> {
-        assert!(TreeBudget::new(0, 3, 4, 1).is_err());
-        assert!(TreeBudget::new(2, 0, 4, 1).is_err());
-        assert!(TreeBudget::new(2, 3, 0, 1).is_err());
-        assert!(TreeBudget::new(2, 3, 4, 0).is_err());
+        assert!("0x3x4".parse::<TreeBudget>().is_err());
+        assert!("2x0x4".parse::<TreeBudget>().is_err());
+        assert!("2x3x0".parse::<TreeBudget>().is_err());
+        assert!("2x3x4x0".parse::<TreeBudget>().is_err());
         assert!(TreeBudget::new(2, 3, TreeBudget::MAX_NODES + 1, 1).is_err());
-        assert_eq!("2x3x4".parse::<TreeBudget>()?, TreeBudget::new(2, 3, 4, 1)?);
+        assert_eq!("2x3x4".parse::<TreeBudget>()?, "2x3x4".parse::<TreeBudget>()?);
         assert_eq!("2x3x4x2".parse::<TreeBudget>()?.to_string(), "2x3x4x2");
         assert!("2x3".parse::<TreeBudget>().is_err());
         Ok(())

@@ -23,6 +23,7 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, Proposal, TokenModel, Vocabulary};
+use crate::pair::Pair;
 use crate::sampling::argmax;
 use crate::stop::check_tokens;
 use vocab::text_within;
@@ -123,7 +124,7 @@ impl<D: DraftModel, V: Vocabulary> CrossVocabDraft<D, V> {
         if target_len < target_vocab.len() {
             return Err(Error::setting("target row length", target_len, "at least the target vocabulary's size"));
         }
-        let map = VocabMap::new(&draft_vocab, &target_vocab)?;
+        let map = VocabMap::new(Pair { target: &target_vocab, draft: &draft_vocab })?;
         let start = draft_vocab.start();
         let mut me = Self {
             draft,

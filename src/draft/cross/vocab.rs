@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::model::Vocabulary;
+use crate::pair::Pair;
 
 /// The text of `ids[from..to]` as it reads inside `ids`: decoded with a few tokens before it,
 /// whose own text is then cut off, so that word-start rules (a SentencePiece decoder dropping
@@ -51,7 +52,8 @@ impl VocabMap {
     ///
     /// # Errors
     /// Decoder failures; [`Error::InvalidSetting`] when no token is shared.
-    pub fn new<D: Vocabulary + ?Sized, T: Vocabulary + ?Sized>(draft: &D, target: &T) -> Result<Self> {
+    pub fn new<T: Vocabulary + ?Sized, D: Vocabulary + ?Sized>(vocabs: Pair<&T, &D>) -> Result<Self> {
+        let Pair { target, draft } = vocabs;
         let mut by_string: HashMap<String, u32> = HashMap::with_capacity(target.len());
         for id in 0..target.len() as u32 {
             if let Some(s) = token_string(target, id)? {
