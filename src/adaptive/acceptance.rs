@@ -1,6 +1,5 @@
-//! The acceptance estimate both k policies keep: the single decoder's [`KController`] and the
-//! batch's policy, per sequence (and pooled, where a new sequence starts). One prior and one
-//! fading rule serve both, so that they read the same rounds the same way.
+//! The acceptance estimate the k chooser keeps per sequence (and pooled, where a new sequence
+//! starts), in the decoders and in a [`KController`] alike: one prior and one fading rule.
 //!
 //! [`KController`]: super::KController
 

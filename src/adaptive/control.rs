@@ -1,7 +1,38 @@
-//! One sequence's share of the k policy: what every decoder keeps per sequence, and what the
-//! [`KController`](super::KController) wraps with a cost model of its own.
+//! The k chooser: one sequence's share of the k policy ([`SeqControl`]), and the round's
+//! choice for a set of sequences ([`round_ks`]). The decoders (a batch, and the single decoder
+//! as a batch of one) and the public [`KController`](super::KController) all choose k here.
 
-use super::{Acceptance, CostModel, KPolicy, Prober, RoundReport};
+use super::{Acceptance, Candidate, CostModel, KPolicy, Prober, RoundReport};
+
+/// The policy's k for each sequence of a round, before a request's own k and the drafts'
+/// block lengths: the cost model's best k's for the whole set (`candidates`, one per
+/// sequence, under the adaptive policy; empty otherwise), then each sequence's own rule (its
+/// probes, see [`Prober`]; its grow/shrink k; the fixed k) within the longest block `longest`.
+pub(crate) fn round_ks(
+    policy: KPolicy,
+    costs: &CostModel,
+    longest: usize,
+    ctls: &mut [&mut SeqControl],
+    candidates: &[Candidate],
+) -> Vec<usize> {
+    let best = if candidates.is_empty() { vec![0; ctls.len()] } else { costs.choose(candidates) };
+    let mut ks = Vec::with_capacity(ctls.len());
+    for (pos, (ctl, b)) in ctls.iter_mut().zip(best).enumerate() {
+        let seq = candidates.get(pos);
+        // A draft further behind than the tokens left (a new prompt's tail before a short
+        // answer) cannot pay its catch-up back.
+        let hopeless = seq.is_some_and(|c| c.behind > c.remaining);
+        // A probe from plain steps costs the whole batch's step (one sequence: its own), and
+        // its draft's whole catch-up: priced for one sequence too where it cannot pay back.
+        let priced = candidates.len() > 1 || hopeless;
+        let probe_loss = (b == 0 && priced).then(|| costs.probe_loss(candidates, pos)).flatten();
+        let alpha = seq.map_or(0.0, |c| c.alpha);
+        let k = ctl.next_k(policy, (b, alpha), longest, costs, probe_loss);
+        // A probe whose draft must first catch up on more than it can pay back is skipped.
+        ks.push(if b == 0 && hopeless { 0 } else { k });
+    }
+    ks
+}
 
 /// A sequence's acceptance estimate, its probing state and its current k.
 #[derive(Debug, Clone)]
@@ -46,7 +77,7 @@ impl SeqControl {
     /// within the longest block `max`, at the acceptance `alpha` the cost model chose from
     /// (see [`alpha`](Self::alpha)). `probe_loss`: the tokens a k = 1 probe from plain
     /// decoding loses in a batch (see [`CostModel::probe_loss`]); `None` for one sequence.
-    pub fn next_k(
+    fn next_k(
         &mut self,
         policy: KPolicy,
         (best, alpha): (usize, f64),

@@ -1,6 +1,5 @@
-//! The one cost model both k policies decide from: the single decoder's
-//! [`KController`](super::KController) and the batch's
-//! [`KPolicy`](crate::batch::KPolicy). It keeps the measured seconds of a target pass
+//! The one cost model the k chooser decides from, in the decoders (a single decoder is a batch
+//! of one) and in a [`KController`](super::KController). It keeps the measured seconds of a target pass
 //! by its number of rows, T(m); of a draft call by its number of rows, D(b); of the rest of a
 //! step per row; and how far its predictions were off. From these and each sequence's
 //! acceptance it predicts a step's tokens per second and chooses the k's that maximize it.

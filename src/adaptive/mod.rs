@@ -17,10 +17,9 @@ mod tree;
 mod warm;
 
 pub(crate) use acceptance::Acceptance;
-pub(crate) use control::SeqControl;
+pub(crate) use control::{round_ks, SeqControl};
 pub use costs::{Candidate, CostModel};
 pub use policy::{KPolicy, DEFAULT_MAX_K};
-use prober::measured;
 pub(crate) use prober::Prober;
 pub use speedup::{best_k, expected_speedup};
 pub use tree::{ShapeChooser, TreePolicy};
@@ -64,7 +63,12 @@ pub(crate) const RELAX: f64 = 0.01;
 /// plainly it tries k = 1, spaced (every 2 to 256 rounds) so that these rounds cost about 2 %
 /// of the tokens however expensive the draft.
 ///
-/// The batch's adaptive policy keeps the same probing rules for each of its sequences.
+/// This is the decoders' own chooser, not a second one: a [`SpeculativeDecoder`](crate::SpeculativeDecoder)
+/// is a batch of one, and every sequence of a [`BatchDecoder`](crate::BatchDecoder) follows
+/// these rules, the cost model choosing their k's together (with several sequences it also
+/// prices a probe by what it costs the others). A `KController` runs that code for one
+/// sequence outside a decoder: to simulate a policy (`examples/simulate.rs`), or to choose k
+/// for a decoding loop of one's own.
 ///
 /// Two rules bound what a draft too expensive to ever pay (one costing about a target step or
 /// more, which no acceptance rate rescues) loses against plain decoding. Until a draft call
@@ -83,11 +87,10 @@ pub(crate) const RELAX: f64 = 0.01;
 ///
 /// After plain rounds the draft has fallen behind: the decoder feeds it the missed tokens in a
 /// call of its own before the round, whose time stays out of the draft-time average (it grows
-/// with the plain stretch, not with k). [`next_k_for`](Self::next_k_for) prices that catch-up
-/// as the batch's policy does; and [`planned`](Self::planned) and
-/// [`observe_time`](Self::observe_time) tell the cost model a round's predicted and measured
-/// seconds and its time outside the models, so that the single decoder decides from
-/// exactly what a batch of one decides from (the same choices on the same measurements).
+/// with the plain stretch, not with k). [`next_k_for`](Self::next_k_for) prices that catch-up;
+/// and [`planned`](Self::planned) and [`observe_time`](Self::observe_time) tell the cost model
+/// a round's predicted and measured seconds and its time outside the models, as the decoders
+/// do.
 ///
 /// # Example
 /// ```
@@ -166,8 +169,11 @@ impl KController {
         let max = self.policy.max();
         let limit = max.min(remaining.saturating_sub(1));
         self.candidate = Candidate { alpha: self.alpha(), limit, behind, remaining };
-        let best = if measured(&self.costs) { self.costs.choose(&[self.candidate])[0] } else { 0 };
-        self.ctl.next_k(self.policy, (best, self.candidate.alpha), max, &self.costs, None)
+        let candidates = match self.policy {
+            KPolicy::Adaptive { .. } => vec![self.candidate],
+            _ => Vec::new(),
+        };
+        round_ks(self.policy, &self.costs, max, &mut [&mut self.ctl], &candidates)[0]
     }
 
     /// The k the round will draft after the drafter's block length and the generation's end

@@ -1,5 +1,5 @@
-//! The probing rules of the adaptive k ([`Prober`]), kept by the single decoder's
-//! [`KController`] and by each sequence of a batch, so that both probe alike.
+//! The probing rules of the adaptive k ([`Prober`]), kept by each sequence of a decoder and by
+//! a [`KController`].
 
 use super::speedup::{best_k, expected_speedup, MIN_GAIN};
 #[cfg(doc)]
@@ -99,7 +99,7 @@ fn probe(best: usize, max: usize, nth: usize) -> usize {
 }
 
 /// Whether a draft call and a one-row target pass were timed.
-pub(super) fn measured(costs: &CostModel) -> bool {
+fn measured(costs: &CostModel) -> bool {
     costs.has_any_draft() && costs.target_secs(1).is_some()
 }
 

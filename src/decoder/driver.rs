@@ -10,7 +10,7 @@
 
 use super::member::Member;
 use super::Injected;
-use crate::adaptive::{Acceptance, Candidate, CostModel, KPolicy};
+use crate::adaptive::{round_ks, Acceptance, Candidate, CostModel, KPolicy, SeqControl};
 use crate::error::{Error, Result};
 use crate::model::{DraftModel, TargetModel};
 use crate::stats::Clock;
@@ -266,21 +266,13 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
         }
         // The cost model's best k's for the whole batch (adaptive), then each sequence's own
         // rule: its probes (see `adaptive::Prober`), its grow/shrink k, or the fixed k.
-        let best = if candidates.is_empty() { vec![0; idx.len()] } else { self.costs.choose(&candidates) };
-        let (policy, costs) = (self.policy, &self.costs);
+        // `idx` ascends, so the members it names come in its order.
+        let members = self.members.iter_mut().enumerate().filter(|(i, _)| idx.contains(i));
+        let mut ctls: Vec<&mut SeqControl> = members.map(|(_, m)| &mut m.ctl).collect();
+        let policy_ks = round_ks(self.policy, &self.costs, longest, &mut ctls, &candidates);
         let mut ks = Vec::with_capacity(idx.len());
-        for (pos, ((&i, b), limit)) in idx.iter().zip(best).zip(limits).enumerate() {
+        for ((&i, k), limit) in idx.iter().zip(policy_ks).zip(limits) {
             let m = &mut self.members[i];
-            // A probe from plain steps costs the whole batch's step (one sequence: its own), and
-            // its draft's whole catch-up: priced for one sequence too where the draft is further
-            // behind than the tokens left (a new prompt's tail before a short answer).
-            let priced = candidates.len() > 1 || candidates.get(pos).is_some_and(|c| c.behind > c.remaining);
-            let probe_loss = (b == 0 && priced).then(|| costs.probe_loss(&candidates, pos)).flatten();
-            let alpha = candidates.get(pos).map_or(0.0, |c| c.alpha);
-            let k = m.ctl.next_k(policy, (b, alpha), longest, costs, probe_loss);
-            // A probe whose draft must first catch up on more tokens than the sequence has left
-            // to generate cannot pay that back: it is skipped.
-            let k = if b == 0 && candidates.get(pos).is_some_and(|c| c.behind > c.remaining) { 0 } else { k };
             // A request's own k beats the policy's; then the draft may adjust its block (see
             // `DraftModel::block_len`) within the longest allowed.
             let (k, max) = m.fixed_k.map_or((k, longest), |own| (own, own));
