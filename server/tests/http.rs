@@ -353,3 +353,49 @@ fn n_choices_each_equal_a_single_request_with_its_seed() {
         assert_eq!(t, choices[i]["message"]["content"].as_str().unwrap(), "streamed choice {i}");
     }
 }
+
+/// A client that reads its stream slowly (one SSE event a second) loses nothing and holds no
+/// one back: a request beside it finishes with plain decoding's text while it is still
+/// reading, and its own text, once read, is plain decoding's. (Its request runs on at full
+/// speed: the socket's buffers and at most `--stream-buffer` events hold what it has not read;
+/// a client further behind is ended, which `respond.rs`'s unit test shows.)
+#[test]
+fn a_slow_reader_loses_nothing_and_holds_no_one_back() {
+    use std::io::BufRead;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(s) = server() else { return };
+    let (slow_expected, other_expected) = (s.plain_chat(PROMPTS[3], 40), s.plain_chat(PROMPTS[4], 16));
+    let other_done = AtomicBool::new(false);
+    let (slow_chunks, other_finished_first) = std::thread::scope(|scope| {
+        let slow = scope.spawn(|| {
+            let body = chat_body(PROMPTS[3], json!({ "stream": true }));
+            let resp = ureq::post(&format!("{}/v1/chat/completions", s.base))
+                .header("content-type", "application/json")
+                .send(body.to_string())
+                .unwrap();
+            let mut chunks = Vec::new();
+            let mut other_finished_first = false;
+            for line in std::io::BufReader::new(resp.into_body().into_reader()).lines() {
+                let Some(data) = line.unwrap().strip_prefix("data: ").map(str::to_string) else { continue };
+                chunks.push(data);
+                if other_done.load(Ordering::SeqCst) {
+                    other_finished_first |= chunks.last().map(String::as_str) != Some("[DONE]");
+                } else {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            (chunks, other_finished_first)
+        });
+        // The other request starts once the slow one has its first event.
+        std::thread::sleep(Duration::from_millis(500));
+        let start = Instant::now();
+        let (status, v) = s.chat(chat_body(PROMPTS[4], json!({ "max_tokens": 16 })));
+        assert_eq!(status, 200, "{v}");
+        eprintln!("the request beside a slow reader answered in {:.2} s", start.elapsed().as_secs_f64());
+        assert_eq!(content(&v), other_expected);
+        other_done.store(true, Ordering::SeqCst);
+        slow.join().unwrap()
+    });
+    assert!(other_finished_first, "the request beside the slow reader finished only after it had read everything");
+    assert_eq!(streamed_text(&slow_chunks).0, slow_expected);
+}
