@@ -208,8 +208,19 @@ impl Allowed {
 /// One sequence's grammar state: a matcher that follows the output it is handed, and what the
 /// grammar allows at the positions it has visited (a cache of the output, so that the target's
 /// rows reuse the masks the draft's rows computed).
+///
+/// Going back (a rejected draft, a tree's next branch) never rolls the matcher back: in
+/// llguidance 1.9 a roll-back after a mask was computed can leave stale state behind (after
+/// `"arguments": ["B` had its mask, a roll-back and `"arguments": {"` gave a mask that refused
+/// the key's `":`; `tests/grammar.rs` keeps that case). The matcher is instead a copy of `base`,
+/// a matcher that has only ever consumed tokens, brought forward to where the output goes on.
 #[derive(Debug)]
 struct GrammarProcessor {
+    /// The grammar's matcher before any token.
+    start: MatcherBox,
+    /// A matcher that has consumed `consumed[..base_len]` and never computed a mask.
+    base: MatcherBox,
+    base_len: usize,
     matcher: MatcherBox,
     /// The tokens the matcher has consumed.
     consumed: Vec<u32>,
@@ -233,7 +244,15 @@ impl std::fmt::Debug for MatcherBox {
 
 impl GrammarProcessor {
     fn new(matcher: Matcher, vocab: usize) -> Self {
-        Self { matcher: MatcherBox(matcher), consumed: Vec::new(), allowed: BTreeMap::new(), vocab }
+        Self {
+            start: MatcherBox(matcher.clone()),
+            base: MatcherBox(matcher.clone()),
+            base_len: 0,
+            matcher: MatcherBox(matcher),
+            consumed: Vec::new(),
+            allowed: BTreeMap::new(),
+            vocab,
+        }
     }
 
     /// What the grammar allows after `output`.
@@ -243,12 +262,12 @@ impl GrammarProcessor {
         if common == n && self.allowed.contains_key(&n) {
             return Ok(&self.allowed[&n]);
         }
-        let m = &mut self.matcher.0;
         if self.consumed.len() > common {
-            m.rollback(self.consumed.len() - common).map_err(grammar_error)?;
+            self.go_back(common)?;
             self.consumed.truncate(common);
             self.allowed.split_off(&(common + 1));
         }
+        let m = &mut self.matcher.0;
         let rest = &output[common..];
         let took = m.try_consume_tokens(rest).map_err(grammar_error)?;
         self.consumed.extend_from_slice(&rest[..took]);
@@ -264,7 +283,28 @@ impl GrammarProcessor {
         self.allowed = self.allowed.split_off(&n.saturating_sub(KEEP));
         Ok(self.allowed.entry(n).or_insert(allowed))
     }
+
+    /// Makes the matcher one that has consumed `consumed[..len]` (and no more), without a
+    /// roll-back: a copy of the base, first moved up to `len` when it lags by `STRIDE` or more
+    /// (or restarted from the grammar's start when `len` lies before it).
+    fn go_back(&mut self, len: usize) -> Result<()> {
+        if self.base_len > len {
+            (self.base, self.base_len) = (MatcherBox(self.start.0.clone()), 0);
+        }
+        if len - self.base_len >= STRIDE {
+            self.base.0.consume_tokens(&self.consumed[self.base_len..len]).map_err(grammar_error)?;
+            self.base_len = len;
+        }
+        let mut m = self.base.0.clone();
+        m.consume_tokens(&self.consumed[self.base_len..len]).map_err(grammar_error)?;
+        self.matcher = MatcherBox(m);
+        Ok(())
+    }
 }
+
+/// How far the base may lag behind a position the matcher goes back to: the tokens a copy of
+/// it consumes again to get there.
+const STRIDE: usize = 16;
 
 fn grammar_error(e: impl std::fmt::Display) -> Error {
     Error::Grammar(e.to_string())

@@ -342,3 +342,63 @@ fn json_whitespace_is_bounded_unless_the_schema_says_otherwise() -> Result<()> {
     assert!(allows_space(Grammar::json_schema(unbounded), 200)?);
     Ok(())
 }
+
+/// The JSON grammar on the Qwen tokenizer, as the decoders use it: one processor handed
+/// histories that branch and come back (a block's rejected drafts, a tree's siblings), each
+/// mask equal to the mask of a fresh processor handed that history alone. The first history
+/// pair is the one that caught llguidance 1.9's stale state (a mask computed after ` ["`, a
+/// roll-back, then ` {"`: the key's `":` was refused), then random branches.
+#[test]
+fn json_masks_after_branches_and_roll_backs_equal_a_fresh_matchers() -> Result<()> {
+    use rand::{RngExt, SeedableRng};
+    let Some(path) = common::models::model_path(common::models::QWEN_1_5B) else { return Ok(()) };
+    let tok = specdec::ModelFiles::Gguf(path).tokenizer()?;
+    let vocab = tok.vocab_size();
+    let json = Grammar::json().compile(&GrammarVocab::new(&tok)?)?;
+    let allowed = |p: &mut Box<dyn specdec::LogitsProcessor>, out: &[u32]| -> Result<Vec<bool>> {
+        let mut row = vec![0f32; vocab];
+        p.process(&History { prompt: &[], generated: out, drafted: &[] }, &mut row)?;
+        Ok(row.iter().map(|x| x.is_finite()).collect())
+    };
+    // `{"name": "search_flights", "arguments": {"` and its sibling `... "arguments": ["B`.
+    let key: Vec<u32> = vec![4913, 606, 788, 330, 1836, 5081, 2796, 497, 330, 16370, 788, 5212];
+    let mut array = key[..11].to_vec();
+    array.extend([4383, 33]);
+    let structural: Vec<u32> =
+        ["{\"", " {\"", "[", " [\"", "\":", "\": \"", "\",", "\"]", "}", "]", "1", "true", ",", " "]
+            .iter()
+            .map(|s| tok.encode(s).map(|ids| ids[0]))
+            .collect::<Result<_>>()?;
+    let mut histories = vec![array, key.clone()];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut trunk = key;
+    for _ in 0..400 {
+        // Back a few tokens from the trunk's end, then on by tokens the grammar allows there.
+        let mut h = trunk[..trunk.len() - rng.random_range(0..=3.min(trunk.len()))].to_vec();
+        for _ in 0..rng.random_range(0..4) {
+            let ok = allowed(&mut json(), &h)?;
+            let picks: Vec<u32> = structural.iter().copied().filter(|&t| ok[t as usize]).collect();
+            let t = match picks.is_empty() || rng.random_bool(0.15) {
+                true => loop {
+                    let t = rng.random_range(0..vocab as u32);
+                    if ok[t as usize] {
+                        break t;
+                    }
+                },
+                false => picks[rng.random_range(0..picks.len())],
+            };
+            h.push(t);
+        }
+        if rng.random_bool(0.5) {
+            trunk = h.clone();
+        }
+        histories.push(h);
+    }
+    let mut p = json();
+    for (i, h) in histories.iter().enumerate() {
+        let (got, want) = (allowed(&mut p, h)?, allowed(&mut json(), h)?);
+        let differ = (0..vocab).filter(|&t| got[t] != want[t]).count();
+        assert_eq!(differ, 0, "history {i} ({:?}): {differ} tokens differ from a fresh matcher's mask", tok.decode(h)?);
+    }
+    Ok(())
+}
