@@ -152,8 +152,7 @@ fn check_drafters(
             .build()?;
         let out = spec.generate(ids)?;
         assert_same(&format!("{what}, {name}"), &out, &plain);
-        // Under processors (the penalties here) rounds draft chains whatever the tree setting.
-        if matches!(tree, TreePolicy::Always(_)) && !cfg.has_processors() {
+        if matches!(tree, TreePolicy::Always(_)) {
             assert!(out.stats.tree_rounds > 0, "{what}, {name}: no tree round");
         }
     }
@@ -188,7 +187,10 @@ fn smollm2_logprobs_equal_plain_decodings() -> Result<()> {
         let ids = tok.encode(&tok.chat_prompt("Describe a cat as a JSON object."))?;
         for mode in [LogprobMode::Raw, LogprobMode::Processed] {
             let cfg = SamplingConfig::greedy().with_processor(json.clone()).with_logprobs(Logprobs::new(3, mode)?);
-            let drafters = vec![("model draft", Drafter::Model(Llama::new(draft_w.clone())?), TreePolicy::Never)];
+            let drafters = vec![
+                ("model draft", Drafter::Model(Llama::new(draft_w.clone())?), TreePolicy::Never),
+                ("model tree", Drafter::Model(Llama::new(draft_w.clone())?), tree),
+            ];
             check_drafters(&format!("SmolLM2, JSON grammar, {mode:?}"), (target, &ids, &cfg), &stop, drafters)?;
         }
     }
@@ -222,7 +224,7 @@ fn batch_of_eight(w: &Arc<LlamaWeights>, draft_w: &Arc<LlamaWeights>, tok: &Toke
 }
 
 /// The Qwen pair, greedy and coupled, raw and processed, with the 0.5B draft in chains and
-/// trees; and under a JSON schema.
+/// trees; and under a JSON schema, chains and trees.
 #[test]
 fn qwen_pair_logprobs_equal_plain_decodings() -> Result<()> {
     let Some((w, tok)) = load(QWEN_1_5B, WeightFormat::Stored) else { return Ok(()) };
@@ -237,7 +239,8 @@ fn qwen_pair_logprobs_equal_plain_decodings() -> Result<()> {
         ];
         check_drafters(&format!("Qwen, {what}"), (&w, &ids, cfg), &tok.stop_ids(), drafters)?;
     }
-    // A JSON schema (a grammar as a processor; rounds draft chains under processors).
+    // A JSON schema (a grammar as a processor), trees and chains: each tree node's row is
+    // processed for its own path.
     #[cfg(feature = "grammar")]
     {
         use specdec::grammar::{Grammar, GrammarVocab};
@@ -247,7 +250,10 @@ fn qwen_pair_logprobs_equal_plain_decodings() -> Result<()> {
         let ids = tok.encode(&tok.chat_prompt("Is 7 prime? Answer as JSON with a name and is_prime."))?;
         let cfg =
             SamplingConfig::greedy().with_processor(grammar).with_logprobs(Logprobs::new(3, LogprobMode::Processed)?);
-        let drafters = vec![("0.5B chains", Drafter::Model(Llama::new(draft_w.clone())?), TreePolicy::Never)];
+        let drafters = vec![
+            ("0.5B chains", Drafter::Model(Llama::new(draft_w.clone())?), TreePolicy::Never),
+            ("0.5B trees", Drafter::Model(Llama::new(draft_w.clone())?), tree),
+        ];
         check_drafters("Qwen, a JSON schema", (&w, &ids, &cfg), &tok.stop_ids(), drafters)?;
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Logits processors under speculation: the speculative law with penalties, logit bias, banned
 //! tokens and min-p equals the processed target law, enumerated here apart from the crate's own
-//! code (chi-square at 1e-6, chains, coupled sampling, point-mass drafts, batches and a tree
-//! setting that falls back to chains), with a power check near the detection limit; a custom
+//! code (chi-square at 1e-6, chains, coupled sampling, point-mass drafts, batches and trees,
+//! each node processed for its own path), with a power check near the detection limit; a custom
 //! processor's cached state follows the history through rejected rounds; bad settings are
 //! typed errors and a failing processor leaves the decoder usable.
 
@@ -161,10 +161,14 @@ fn every_decoder_follows_the_processed_target_law() -> Result<()> {
         assert!(drafted > 0);
         let (c, _) = counts_of(&mut build(cfg.clone().coupled(), TreePolicy::Never).build()?)?;
         assert_fits(&format!("{name}, coupled"), &c, &exact);
-        // Under processors a tree setting falls back to chains.
+        // Trees: each node's row processed for its own path.
         let tree = TreePolicy::Always("2x3x6".parse::<TreeBudget>()?);
-        let (c, _) = counts_of(&mut build(cfg.clone(), tree).build()?)?;
-        assert_fits(&format!("{name}, tree setting"), &c, &exact);
+        let mut trees = build(cfg.clone(), tree).build()?;
+        assert!(trees.generate(&PROMPT)?.stats.tree_rounds > 0, "{name}: no tree round");
+        let (c, _) = counts_of(&mut trees)?;
+        assert_fits(&format!("{name}, trees"), &c, &exact);
+        let (c, _) = counts_of(&mut build(cfg.clone().coupled(), tree).build()?)?;
+        assert_fits(&format!("{name}, coupled trees"), &c, &exact);
         let mut point =
             SpeculativeDecoder::builder(Pair { target: target.clone(), draft: PointDraft::new(draft.clone(), 0.2) })
                 .k(3)

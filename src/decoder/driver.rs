@@ -95,12 +95,6 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             if m.seq.finish().is_some() {
                 continue;
             }
-            // Under logits processors, rounds draft chains: a tree's branches have histories
-            // of their own, which the processors would have to follow node by node.
-            if m.seq.sampling.has_processors() {
-                chains.push(i);
-                continue;
-            }
             let remaining = m.seq.remaining();
             match m.shape.next(!m.ctl.prober.stopped()) {
                 Some(budget) if remaining > 1 => {

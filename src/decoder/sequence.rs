@@ -33,12 +33,12 @@ pub(crate) struct Sequence<D, T> {
     /// The block being drafted.
     pub block: ChainBlock,
     pub(super) ctx: Vec<u32>,
-    prompt_len: usize,
+    pub(super) prompt_len: usize,
     finish: Option<FinishReason>,
     /// Coupled sampling's noise for the current generation.
     pub(super) noise: Option<Noise>,
     /// The generation's logits processors (made anew at each start).
-    procs: Processors,
+    pub(super) procs: Processors,
     /// Generations started, which key coupled sampling's noise.
     generations: u64,
     /// Where the models' states for prompts seen before are kept, if anywhere.
@@ -400,7 +400,7 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
 }
 
 /// The history at a block's start: the context's prompt and generated tokens, nothing drafted.
-fn history(ctx: &[u32], prompt_len: usize) -> History<'_> {
+pub(super) fn history(ctx: &[u32], prompt_len: usize) -> History<'_> {
     let (prompt, generated) = ctx.split_at(prompt_len.min(ctx.len()));
     History { prompt, generated, drafted: &[] }
 }

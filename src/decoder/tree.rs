@@ -2,11 +2,12 @@
 //! tree, the target scores it in one call, the kernel walks it, and both models keep the
 //! accepted path.
 
+use super::sequence::history;
 use super::Sequence;
 use crate::error::{Error, Result};
 use crate::kernel::{self, Verdict};
 use crate::model::{DraftModel, Logits, TargetModel};
-use crate::sampling::argmax;
+use crate::sampling::{argmax, History};
 use crate::stop::pending;
 use crate::tree::{ChildPicker, DraftTree, TreeBudget, TreeCall};
 
@@ -95,23 +96,39 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
                 got: logits.rows(),
             });
         }
+        // Row r is processed for its own path's history: the context, then the drafted tokens
+        // from the root down to call token r (none at the root), as plain decoding would see
+        // them at that position; the processors follow whatever history they are handed.
+        let drafted = |r: usize| -> Vec<u32> {
+            let line = r.checked_sub(1).map_or(Vec::new(), |i| tree.line(i));
+            line.iter().rev().map(|&i| tree.tokens()[i]).collect()
+        };
+        let (sampling, procs, n) = (&self.sampling, &mut self.procs, self.ctx.len());
+        let ctx = history(&self.ctx, self.prompt_len);
         let nodes = tree.nodes();
-        let verdict = if self.sampling.is_greedy() {
-            kernel::verify_tree_greedy(&nodes, |r| argmax(logits.row(r)))?
+        let verdict = if sampling.is_greedy() {
+            kernel::verify_tree_greedy(&nodes, |r| {
+                let path = drafted(r);
+                argmax(procs.apply(&History { drafted: &path, ..ctx }, logits.row(r))?)
+            })?
         } else if let Some(noise) = &self.noise {
             // Coupled: a child stands when it is the target's race winner at its position (row
             // r predicts the position after call token r). Any tree keeps the text plain
             // decoding's; how its children were picked only sets how much stands.
-            let (sampling, n) = (&self.sampling, self.ctx.len());
             let mut p = Vec::new();
             kernel::verify_tree_greedy(&nodes, |r| {
-                sampling.probs(logits.row(r), &mut p)?;
+                let path = drafted(r);
+                sampling.probs(procs.apply(&History { drafted: &path, ..ctx }, logits.row(r))?, &mut p)?;
                 noise.pick(&p, (n + call.depth(r)) as u64)
             })?
         } else {
-            let sampling = &self.sampling;
-            kernel::verify_tree(&nodes, |r, buf| sampling.probs(logits.row(r), buf), &mut self.rng)?
+            let row = |r: usize, buf: &mut Vec<f32>| {
+                let path = drafted(r);
+                sampling.probs(procs.apply(&History { drafted: &path, ..ctx }, logits.row(r))?, buf)
+            };
+            kernel::verify_tree(&nodes, row, &mut self.rng)?
         };
+        self.stats.process_secs = self.procs.secs;
         Ok((call, verdict, logits))
     }
 }
