@@ -97,7 +97,7 @@
 //! ## Layers
 //! Each module imports only the modules listed before it (tests aside; `tests/layers.rs`
 //! checks this list against the sources):
-//! 1. `error`, `cpu`, `stats`, `math`, `stop`;
+//! 1. `error`, `cpu`, `stats`, `math`, `stop`, `pair`;
 //! 2. `sampling`, then `kernel`, then `tree`, then `model` (the traits), then `prefix` (the
 //!    prefix cache), then `toy`;
 //! 3. `adaptive`, `draft`;

@@ -19,7 +19,7 @@ pub struct MarkovModel {
 }
 
 /// A target and its draft ([`MarkovModel::pair`]).
-pub type ToyPair = crate::Pair<MarkovModel, MarkovModel>;
+pub type ToyPair = crate::pair::Pair<MarkovModel, MarkovModel>;
 
 impl MarkovModel {
     /// A model from its table: `vocab^order` rows of `vocab` probabilities, row-major.
