@@ -99,7 +99,12 @@ impl<D: DraftModel, T: TargetModel> Sequence<D, T> {
         // Row r is processed for its own path's history: the context, then the drafted tokens
         // from the root down to call token r (none at the root), as plain decoding would see
         // them at that position; the processors follow whatever history they are handed.
+        // Without processors no history is read, and none is built.
+        let unprocessed = self.procs.is_empty();
         let drafted = |r: usize| -> Vec<u32> {
+            if unprocessed {
+                return Vec::new();
+            }
             let line = r.checked_sub(1).map_or(Vec::new(), |i| tree.line(i));
             line.iter().rev().map(|&i| tree.tokens()[i]).collect()
         };
