@@ -20,16 +20,19 @@ pub(crate) fn round_ks(
     for (pos, (ctl, b)) in ctls.iter_mut().zip(best).enumerate() {
         let seq = candidates.get(pos);
         // A draft further behind than the tokens left (a new prompt's tail before a short
-        // answer) cannot pay its catch-up back.
+        // answer) cannot pay its catch-up back: its probes wait, and the prober is not asked
+        // (it would count a probe that did not run, and wait a whole gap for the next).
         let hopeless = seq.is_some_and(|c| c.behind > c.remaining);
+        if b == 0 && hopeless {
+            ks.push(0);
+            continue;
+        }
         // A probe from plain steps costs the whole batch's step (one sequence: its own), and
-        // its draft's whole catch-up: priced for one sequence too where it cannot pay back.
-        let priced = candidates.len() > 1 || hopeless;
+        // its draft's whole catch-up.
+        let priced = candidates.len() > 1;
         let probe_loss = (b == 0 && priced).then(|| costs.probe_loss(candidates, pos)).flatten();
         let alpha = seq.map_or(0.0, |c| c.alpha);
-        let k = ctl.next_k(policy, (b, alpha), longest, costs, probe_loss);
-        // A probe whose draft must first catch up on more than it can pay back is skipped.
-        ks.push(if b == 0 && hopeless { 0 } else { k });
+        ks.push(ctl.next_k(policy, (b, alpha), longest, costs, probe_loss));
     }
     ks
 }
