@@ -194,7 +194,9 @@ fn the_adaptive_k_where_acceptance_depends_on_the_position() -> Result<()> {
 }
 
 /// Beyond the two tables above: sampled worlds whose models are drawn from 8 more seeds, at
-/// temperature 1 (draft noise 0.25) and 0.8 (noise 0.2), whichever policies win there. Before
+/// temperature 1 (draft noise 0.25) and 0.8 (noise 0.2), whichever policies win there. (Greedy
+/// worlds are not drawn: a greedy walk on these models ends in a short cycle, see the ignored
+/// test below, and 3 of 8 seeds give cycles the policy cannot yet read.) Before
 /// the round that times the draft stopped teaching the batch's pooled acceptance, one world at
 /// temperature 1 gave 0.934 (a batch of 4 left plain by one rejected first token).
 #[test]
