@@ -135,8 +135,10 @@ fn worst_ratio(world: &World, all_win: bool) -> Result<f64> {
         winners.push(best.1);
         worst = worst.min(adaptive / best.0);
     }
-    for policy in fixed.into_iter().filter(|_| all_win) {
-        assert!(winners.contains(&policy), "{what}: {policy} never wins: {winners:?}");
+    if all_win {
+        for policy in fixed {
+            assert!(winners.contains(&policy), "{what}: {policy} never wins: {winners:?}");
+        }
     }
     eprintln!("{what}: winners {winners:?}, adaptive at worst {worst:.3}x the best");
     Ok(worst)
@@ -167,8 +169,8 @@ fn the_adaptive_k_is_within_3_percent_of_the_best_policy_at_every_batch_size() -
 
 /// Sampled at 0.8 with a draft accepted about 3 times in 4, one sequence: fixed k = 4 wins
 /// there, k = 2 at 2 and 3 sequences, plain steps from 4 on. (Once a known shortfall at 0.965,
-/// where the chooser's k stayed below 4; 0.99 since the chooser reads the batch's pooled
-/// acceptance and its prior weighs 2 positions: docs/perf/batch.md.)
+/// where the chooser's k stayed below 4; 0.990 on the code of 2026-12-07's last stop, which
+/// change moved it not traced: docs/perf/batch.md.)
 #[test]
 fn the_adaptive_k_at_temperature_0_8_with_a_draft_right_3_times_in_4() -> Result<()> {
     let worst = worst_ratio(&world(0.2, 6.0, 2e-3, 0.8), true)?;
@@ -178,16 +180,16 @@ fn the_adaptive_k_at_temperature_0_8_with_a_draft_right_3_times_in_4() -> Result
 
 /// A world where the adaptive policy still falls short (docs/perf/batch.md): greedy, the
 /// models drawn from the next seed. A greedy walk on these 8-token models ends in a cycle,
-/// here 4, 5, 0, and after 0 the draft proposes 7 where the target takes 4; how many drafts a round keeps
-/// then depends on the block length itself, by where blocks fall in the cycle: k = 2 keeps 98 %
-/// of its drafts (each block starts at the same place), k = 4 67 %, k = 1 50 %. No estimate of
-/// a rate per drafted position can see that (the chooser, drafting k = 1, learns 0.5 and never
+/// here 4, 5, 0, and after 0 the draft proposes 7 where the target takes 4; how many drafts a
+/// round keeps then depends on the block length itself, by where blocks fall in the cycle:
+/// k = 2 keeps 98 % of its drafts (each block starts at the same place), k = 4 67 %, k = 1
+/// 50 %. No estimate of a rate per drafted position can see that (the chooser, drafting k = 1, learns 0.5 and never
 /// tries 2): from 3 to 6 sequences it runs k = 1 or plain steps where k = 2 wins by 19–31 %
 /// (0.62–0.84x), and at one sequence k = 4 where k = 2 yields as many tokens (0.86x). Tokens
 /// per round learned per block length would; real text rarely loops so exactly.
 #[test]
 #[ignore = "a known shortfall of the adaptive k, kept to measure it: see the doc comment"]
-fn the_adaptive_k_where_acceptance_depends_on_the_position() -> Result<()> {
+fn the_adaptive_k_on_a_greedy_cycle() -> Result<()> {
     let worst = worst_ratio(&seeded_world(0.05, 8.0, 1e-3, 0.0, 1), false)?;
     assert!(worst >= 0.97, "adaptive at {worst:.3}x the best policy");
     Ok(())
@@ -196,9 +198,9 @@ fn the_adaptive_k_where_acceptance_depends_on_the_position() -> Result<()> {
 /// Beyond the two tables above: sampled worlds whose models are drawn from 8 more seeds, at
 /// temperature 1 (draft noise 0.25) and 0.8 (noise 0.2), whichever policies win there. (Greedy
 /// worlds are not drawn: a greedy walk on these models ends in a short cycle, see the ignored
-/// test below, and 3 of 8 seeds give cycles the policy cannot yet read.) Before
-/// the round that times the draft stopped teaching the batch's pooled acceptance, one world at
-/// temperature 1 gave 0.934 (a batch of 4 left plain by one rejected first token).
+/// test above, and 3 of 8 seeds give cycles the policy cannot yet read.) Before the round that
+/// times the draft stopped teaching the batch's pooled acceptance, one world at temperature 1
+/// gave 0.934 (a batch of 7 drafting where plain steps win).
 #[test]
 fn the_adaptive_k_is_within_3_percent_on_sampled_worlds_of_8_more_seeds() -> Result<()> {
     let mut worst = (f64::INFINITY, 0, 0.0);

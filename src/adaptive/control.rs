@@ -24,7 +24,7 @@ pub(crate) fn round_ks(
         // (it would count a probe that did not run, and wait a whole gap for the next).
         let hopeless = seq.is_some_and(|c| c.behind > c.remaining);
         if b == 0 && hopeless {
-            ks.push(0);
+            ks.push(ctl.wait());
             continue;
         }
         // A probe from plain steps costs the whole batch's step (one sequence: its own), and
@@ -92,6 +92,12 @@ impl SeqControl {
             self.k = self.prober.next_k(best, max, costs, alpha, probe_loss);
         }
         self.k
+    }
+
+    /// A round in which its draft may not draft (see [`round_ks`]): k = 0, the prober not asked.
+    fn wait(&mut self) -> usize {
+        self.k = 0;
+        0
     }
 
     /// Learns from a finished round: the acceptance always, the grow/shrink k, and under the

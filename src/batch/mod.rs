@@ -275,7 +275,8 @@ impl<T: TargetModel, D: DraftModel> BatchDecoder<T, D> {
     }
 
     /// The acceptance of every sequence's drafts, pooled (where a new sequence's estimate
-    /// starts).
+    /// starts), less the adaptive policy's round that times the draft (one token, which would
+    /// move it for every sequence that has not drafted).
     pub fn alpha(&self) -> f64 {
         self.driver.pool.alpha()
     }

@@ -116,8 +116,9 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
     /// depth by depth, score every block in one target pass, judge, keep and roll back.
     fn chain_round(&mut self, idx: &[usize]) -> Result<()> {
         let start = self.clock.seconds();
-        let timing = !self.costs.has_any_draft();
-        let (ks, predicted) = self.choose_ks(idx)?;
+        // The adaptive policy's first drafting round times the draft (see `one_measures`).
+        let timing = matches!(self.policy, KPolicy::Adaptive { .. }) && !self.costs.has_any_draft();
+        let (ks, predicted) = self.choose_ks(idx, timing)?;
         let choosing = self.clock.seconds() - start;
         let catch_up = self.catch_up(idx, &ks)?;
         let busy = self.draft(idx, &ks)?;
@@ -253,7 +254,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
 
     /// Each sequence's k for this round, by the policy (never past its last token), and for the
     /// adaptive policy whether the round drafts and its predicted seconds (catch-up left out).
-    fn choose_ks(&mut self, idx: &[usize]) -> Result<(Vec<usize>, Option<Prediction>)> {
+    fn choose_ks(&mut self, idx: &[usize], timing: bool) -> Result<(Vec<usize>, Option<Prediction>)> {
         let limits: Vec<usize> = idx.iter().map(|&i| self.members[i].seq.remaining().saturating_sub(1)).collect();
         let longest = self.longest(idx.len());
         let mut candidates = Vec::new();
@@ -280,7 +281,7 @@ impl<T: TargetModel, D: DraftModel> Driver<T, D> {
             let (k, max) = m.fixed_k.map_or((k, longest), |own| (own, own));
             ks.push(if k > 0 { m.seq.block_len(k.min(limit), max).min(limit) } else { 0 });
         }
-        if !candidates.is_empty() && !self.costs.has_any_draft() {
+        if timing {
             self.one_measures(idx, &candidates, &mut ks);
         }
         candidates.iter_mut().for_each(|c| c.behind = 0);
